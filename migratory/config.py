@@ -1,0 +1,430 @@
+"""Configuration: one ``migratorydata.conf`` loaded into one frozen, typed :class:`Config`.
+
+File syntax: ``Key = value`` lines, ``#`` starts a comment line, a trailing ``\\``
+continues the value on the next line. Keys are CamelCase with dotted groups, as in
+the product (``Listen``, ``MonitorHTTP.Listen``). Every key is a field of
+:class:`Config` whose metadata carries its name, parser and documentation, so the
+loader, ``migratory config check`` and the documentation test all read one table.
+
+Errors never stop at the first one: all are collected and reported as
+``file:line: Key: what is wrong`` and the CLI exits with code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import ipaddress
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Endpoint",
+    "LogLevel",
+    "SlowConsumerPolicy",
+    "key_specs",
+    "parse_bool",
+    "parse_endpoints",
+    "parse_size",
+]
+
+
+class ConfigError(Exception):
+    """One or more configuration errors, each ``file:line: Key: what is wrong``."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A listening address; host ``*`` means every interface."""
+
+    host: str
+    port: int
+
+    @property
+    def bind_host(self) -> str | None:
+        """The host to hand to ``bind``: ``None`` binds every interface."""
+        return None if self.host == "*" else self.host
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+class LogLevel(enum.StrEnum):
+    """Server log verbosity."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+class SlowConsumerPolicy(enum.StrEnum):
+    """What happens to a client whose pending output exceeds ``MaxPendingOutput``."""
+
+    DISCONNECT = "Disconnect"
+    DROP = "Drop"
+
+
+# --- value parsers: each raises ValueError with a message for the user -------------
+
+
+def parse_bool(text: str) -> bool:
+    """``true``/``false`` (also yes/no, on/off, 1/0), any case."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "on", "1"):
+        return True
+    if lowered in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """A byte count: ``131072``, ``128K``, ``4MB``, ``1G``."""
+    stripped = text.strip().upper().replace(" ", "")
+    digits = stripped.rstrip("KMGB")
+    unit = stripped[len(digits) :]
+    if not digits.isdigit() or unit not in _SIZE_UNITS:
+        raise ValueError(f"expected a size in bytes such as 131072, 128K or 4MB, got {text!r}")
+    return int(digits) * _SIZE_UNITS[unit]
+
+
+def _int_parser(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError(f"expected a whole number, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            upper = "" if maximum is None else f" and at most {maximum}"
+            raise ValueError(f"must be at least {minimum}{upper}, got {value}")
+        return value
+
+    return parse
+
+
+def _size_parser(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = parse_size(text)
+        if value < minimum:
+            raise ValueError(f"must be at least {minimum} bytes, got {value}")
+        return value
+
+    return parse
+
+
+def _float_parser(minimum: float, maximum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+        if not minimum <= value <= maximum:
+            raise ValueError(f"must be between {minimum} and {maximum}, got {value}")
+        return value
+
+    return parse
+
+
+def _enum_parser(kind: type[enum.StrEnum]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        for member in kind:
+            if member.value.lower() == text.strip().lower():
+                return member
+        choices = ", ".join(m.value for m in kind)
+        raise ValueError(f"expected one of {choices}, got {text!r}")
+
+    return parse
+
+
+def _parse_endpoint(item: str) -> Endpoint:
+    item = item.strip()
+    if item.startswith("["):
+        host, sep, port_text = item[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"{item!r} is not [ipv6]:port")
+    else:
+        host, sep, port_text = item.rpartition(":")
+        if not sep:
+            raise ValueError(f"{item!r} is not address:port")
+    if not host:
+        raise ValueError(f"{item!r} has no address (use * for every interface)")
+    if host != "*":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if not all(part.isalnum() or "-" in part for part in host.split(".")):
+                raise ValueError(f"{host!r} is neither an IP address nor a host name") from None
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"{item!r} has no valid port (0-65535)")
+    return Endpoint(host, int(port_text))
+
+
+def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
+    """Comma-separated ``addr:port`` list; ``*:8800`` listens on every interface."""
+    items = [part for part in (p.strip() for p in text.split(",")) if part]
+    endpoints = tuple(_parse_endpoint(item) for item in items)
+    if len(set(endpoints)) != len(endpoints):
+        raise ValueError("the same address:port is listed twice")
+    return endpoints
+
+
+def _parse_path(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a folder path")
+    return text.strip()
+
+
+def _parse_entitlement(text: str) -> str:
+    value = text.strip()
+    if value.lower() != "none":
+        raise ValueError(f"expected None, got {text!r}")
+    return "None"
+
+
+def key(
+    name: str,
+    default: Any,
+    parse: Callable[[str], Any],
+    doc: str,
+    *,
+    shown: str | None = None,
+) -> Any:
+    """Declare one configuration key as a dataclass field (used in :class:`Config`)."""
+    return field(default=default, metadata={"key": name, "parse": parse, "doc": doc, "shown": shown})
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Every server parameter, typed, with its default. Built once, never mutated."""
+
+    listen: tuple[Endpoint, ...] = key(
+        "Listen",
+        (Endpoint("*", 8800),),
+        parse_endpoints,
+        "Plain listeners (ws:// and http:// on the same port), comma-separated addr:port; "
+        "* means every interface.",
+        shown="*:8800",
+    )
+    log_folder: str = key(
+        "LogFolder",
+        "logs",
+        _parse_path,
+        "Folder of the server, access and message logs (JSON lines); relative paths are "
+        "relative to the working directory.",
+    )
+    log_level: LogLevel = key(
+        "LogLevel", LogLevel.INFO, _enum_parser(LogLevel), "Server log verbosity: DEBUG, INFO, WARNING or ERROR."
+    )
+    log_max_file_size: int = key(
+        "LogMaxFileSize",
+        100 * 1024 * 1024,
+        _size_parser(4096),
+        "Size at which a log file is rotated (bytes, or with K/M/G).",
+        shown="100MB",
+    )
+    log_max_files: int = key(
+        "LogMaxFiles", 10, _int_parser(1, 10000), "Rotated files kept per log, besides the current one."
+    )
+    access_log: bool = key(
+        "AccessLog", True, parse_bool, "Write access.log (connect, disconnect, subscribe, denials)."
+    )
+    message_log: bool = key("MessageLog", True, parse_bool, "Write message.log (one line per logged publication).")
+    message_log_sampling: float = key(
+        "MessageLogSampling",
+        1.0,
+        _float_parser(0.0, 1.0),
+        "Fraction of publications written to message.log (1 = all, 0.01 = one in a hundred).",
+    )
+    publish_snapshot_message: bool = key(
+        "PublishSnapshotMessage",
+        True,
+        parse_bool,
+        "Send the snapshot of a subject first when a client subscribes to it.",
+    )
+    message_size_limit: int = key(
+        "MessageSizeLimit",
+        128 * 1024,
+        _size_parser(64),
+        "Largest accepted message (WebSocket message or HTTP body), in bytes; larger ones "
+        "are refused with a clear error.",
+        shown="128K",
+    )
+    batching_time: int = key(
+        "BatchingTime",
+        0,
+        _int_parser(0, 60000),
+        "Milliseconds during which output to a client is collected and sent in one write; "
+        "0 disables time batching.",
+    )
+    batching_size: int = key(
+        "BatchingSize",
+        0,
+        _size_parser(0),
+        "Bytes of collected output that trigger a write before BatchingTime expires; "
+        "0 disables size batching.",
+    )
+    max_subscriptions_per_client: int = key(
+        "MaxSubscriptionsPerClient",
+        10000,
+        _int_parser(1),
+        "Subjects one client may be subscribed to at once; more are refused.",
+    )
+    max_pending_output: int = key(
+        "MaxPendingOutput",
+        4 * 1024 * 1024,
+        _size_parser(1024),
+        "Output bytes a client may have waiting (ours plus the kernel-side buffer that "
+        "asyncio reports) before SlowConsumerPolicy applies.",
+        shown="4MB",
+    )
+    slow_consumer_policy: SlowConsumerPolicy = key(
+        "SlowConsumerPolicy",
+        SlowConsumerPolicy.DISCONNECT,
+        _enum_parser(SlowConsumerPolicy),
+        "Disconnect: close a client that exceeds MaxPendingOutput. Drop: discard the "
+        "messages that do not fit (the client later gets fresh ones). Both are counted.",
+    )
+    keep_alive_interval: int = key(
+        "KeepAliveInterval",
+        30000,
+        _int_parser(1000),
+        "Milliseconds of silence from a client after which the server sends a WebSocket ping.",
+    )
+    keep_alive_timeout: int = key(
+        "KeepAliveTimeout",
+        30000,
+        _int_parser(1000),
+        "Milliseconds the server waits for any data (a pong at least) after a ping before "
+        "closing the connection as dead.",
+    )
+    handshake_timeout: int = key(
+        "HandshakeTimeout",
+        10000,
+        _int_parser(100),
+        "Milliseconds a new connection has to complete its HTTP request or WebSocket handshake.",
+    )
+    max_header_size: int = key(
+        "MaxHeaderSize",
+        16384,
+        _size_parser(1024),
+        "Largest HTTP request head (request line and headers) accepted, in bytes.",
+        shown="16K",
+    )
+    entitlement: str = key(
+        "Entitlement",
+        "None",
+        _parse_entitlement,
+        "Who may subscribe and publish: None lets everyone.",
+    )
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Config:
+        """Load and validate ``path``; raise :class:`ConfigError` listing every problem."""
+        name = os.fspath(path)
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError([f"{name}:0: (file): cannot read: {exc.strerror or exc}"]) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError([f"{name}:0: (file): not UTF-8 text: {exc.reason}"]) from None
+        return cls.from_text(text, name)
+
+    @classmethod
+    def from_text(cls, text: str, filename: str = "<config>") -> Config:
+        """Parse configuration text; ``filename`` is used in error messages."""
+        specs = key_specs()
+        by_lower = {spec_name.lower(): spec_name for spec_name in specs}
+        errors: list[str] = []
+        values: dict[str, Any] = {}
+        seen: dict[str, int] = {}
+        for lineno, line in _logical_lines(text):
+            name, sep, raw = line.partition("=")
+            name = name.strip()
+            if not sep:
+                errors.append(f"{filename}:{lineno}: {name}: expected 'Key = value'")
+                continue
+            if name not in specs:
+                hint = by_lower.get(name.lower())
+                suggestion = f" (did you mean {hint}?)" if hint else ""
+                errors.append(f"{filename}:{lineno}: {name}: unknown key{suggestion}")
+                continue
+            if name in seen:
+                errors.append(f"{filename}:{lineno}: {name}: already set on line {seen[name]}")
+                continue
+            seen[name] = lineno
+            attr, parse = specs[name]
+            try:
+                values[attr] = parse(raw.strip())
+            except ValueError as exc:
+                errors.append(f"{filename}:{lineno}: {name}: {exc}")
+        if not errors:
+            try:
+                config = cls(**values)
+                config.check()
+            except ValueError as exc:
+                errors.append(f"{filename}:0: {exc}")
+            else:
+                return config
+        raise ConfigError(errors)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, str]) -> Config:
+        """Build from ``{"Key": "value"}`` pairs (handy in tests and embedding)."""
+        return cls.from_text("\n".join(f"{k} = {v}" for k, v in mapping.items()), "<mapping>")
+
+    def check(self) -> None:
+        """Cross-key checks; raise ValueError as ``Key: what is wrong``."""
+        if not self.listen:
+            raise ValueError("Listen: at least one listener is required")
+
+
+def key_specs() -> dict[str, tuple[str, Callable[[str], Any]]]:
+    """Map each configuration key to (attribute name, parser)."""
+    return {f.metadata["key"]: (f.name, f.metadata["parse"]) for f in dataclasses.fields(Config)}
+
+
+def documented_keys() -> Iterator[tuple[str, str, str]]:
+    """Yield (key, default as written in the file, doc) for documentation and tests."""
+    for f in dataclasses.fields(Config):
+        shown = f.metadata["shown"]
+        if shown is None:
+            default = f.default
+            if isinstance(default, bool):
+                shown = "true" if default else "false"
+            elif isinstance(default, enum.Enum):
+                shown = str(default.value)
+            else:
+                shown = str(default)
+        yield f.metadata["key"], shown, f.metadata["doc"]
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """Yield (first line number, line) with comments dropped and continuations joined."""
+    pending: list[str] = []
+    start = 0
+    for lineno, physical in enumerate(text.splitlines(), 1):
+        stripped = physical.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if not pending:
+            start = lineno
+        if stripped.endswith("\\"):
+            pending.append(stripped[:-1].strip())
+            continue
+        pending.append(stripped)
+        yield start, " ".join(part for part in pending if part)
+        pending = []
+    if pending:
+        yield start, " ".join(part for part in pending if part)

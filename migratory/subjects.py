@@ -1,0 +1,62 @@
+"""Subject syntax: ``/Seg1/Seg2[/...]``, like a Unix absolute path.
+
+A subject is an initial ``/`` followed by two or more non-empty segments separated
+by single slashes; ``/`` is reserved inside a segment. Subjects are UTF-8 text.
+Every interface (WebSocket, HTTP, MQTT) validates with this one function so that
+the reasons a client sees are the same everywhere.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAX_SUBJECT_BYTES", "InvalidSubject", "check_subject", "is_valid_subject"]
+
+MAX_SUBJECT_BYTES = 1024
+
+
+class InvalidSubject(ValueError):
+    """Raised for a subject that breaks the syntax; ``reason`` is client-facing."""
+
+    def __init__(self, subject: str, reason: str) -> None:
+        super().__init__(f"invalid subject {subject!r}: {reason}")
+        self.subject = subject
+        self.reason = reason
+
+
+def check_subject(subject: str) -> str:
+    """Return ``subject`` unchanged if valid, else raise :class:`InvalidSubject`."""
+    if not subject:
+        raise InvalidSubject(subject, "the subject is empty")
+    if "\x00" in subject:
+        raise InvalidSubject(subject, "the subject contains a NUL character")
+    try:
+        encoded = subject.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidSubject(subject, "the subject is not valid UTF-8") from None
+    if len(encoded) > MAX_SUBJECT_BYTES:
+        raise InvalidSubject(subject, f"the subject is longer than {MAX_SUBJECT_BYTES} bytes")
+    if subject[0] != "/":
+        raise InvalidSubject(subject, "the subject does not start with a slash (/) character")
+    segments = subject[1:].split("/")
+    if len(segments) == 1:
+        if segments[0] == "":
+            raise InvalidSubject(subject, "subject formed from a single empty segment")
+        raise InvalidSubject(subject, "subject has only one segment (two or more are required)")
+    if segments[-1] == "":
+        raise InvalidSubject(subject, "the last segment is empty")
+    for index, segment in enumerate(segments):
+        if segment == "":
+            raise InvalidSubject(
+                subject,
+                f"segment {index + 1} is empty: the slash (/) character is not allowed "
+                "in a segment and every segment must contain at least one character",
+            )
+    return subject
+
+
+def is_valid_subject(subject: str) -> bool:
+    """Return whether ``subject`` is valid, for callers that only need a yes/no."""
+    try:
+        check_subject(subject)
+    except InvalidSubject:
+        return False
+    return True
