@@ -1,0 +1,1 @@
+"""The ``migratory`` command line: a thin Typer + Rich layer over the library."""

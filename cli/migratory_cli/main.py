@@ -1,0 +1,29 @@
+"""Entry point of the ``migratory`` command; each command group lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from migratory_cli import client_cmds, config_cmds, serve_cmd
+
+app = typer.Typer(
+    name="migratory",
+    help="MigratoryData-class real-time publish/subscribe server: run it, check its "
+    "configuration, publish, subscribe and fetch snapshots.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command("serve")(serve_cmd.serve)
+app.add_typer(config_cmds.app, name="config")
+client_cmds.register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

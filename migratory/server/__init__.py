@@ -1,0 +1,1 @@
+"""The asyncio adapters: listeners, connections, timers, HTTP endpoints."""
