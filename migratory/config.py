@@ -87,7 +87,16 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
-_SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1024,
+    "KB": 1024,
+    "M": 1024**2,
+    "MB": 1024**2,
+    "G": 1024**3,
+    "GB": 1024**3,
+}
 
 
 def parse_size(text: str) -> int:
@@ -213,8 +222,7 @@ class Config:
         "Listen",
         (Endpoint("*", 8800),),
         parse_endpoints,
-        "Plain listeners (ws:// and http:// on the same port), comma-separated addr:port; "
-        "* means every interface.",
+        "Plain listeners (ws:// and http:// on the same port), comma-separated addr:port; * means every interface.",
         shown="*:8800",
     )
     log_folder: str = key(
@@ -225,7 +233,10 @@ class Config:
         "relative to the working directory.",
     )
     log_level: LogLevel = key(
-        "LogLevel", LogLevel.INFO, _enum_parser(LogLevel), "Server log verbosity: DEBUG, INFO, WARNING or ERROR."
+        "LogLevel",
+        LogLevel.INFO,
+        _enum_parser(LogLevel),
+        "Server log verbosity: DEBUG, INFO, WARNING or ERROR.",
     )
     log_max_file_size: int = key(
         "LogMaxFileSize",
@@ -235,11 +246,12 @@ class Config:
         shown="100MB",
     )
     log_max_files: int = key(
-        "LogMaxFiles", 10, _int_parser(1, 10000), "Rotated files kept per log, besides the current one."
+        "LogMaxFiles",
+        10,
+        _int_parser(1, 10000),
+        "Rotated files kept per log, besides the current one.",
     )
-    access_log: bool = key(
-        "AccessLog", True, parse_bool, "Write access.log (connect, disconnect, subscribe, denials)."
-    )
+    access_log: bool = key("AccessLog", True, parse_bool, "Write access.log (connect, disconnect, subscribe, denials).")
     message_log: bool = key("MessageLog", True, parse_bool, "Write message.log (one line per logged publication).")
     message_log_sampling: float = key(
         "MessageLogSampling",
@@ -265,15 +277,13 @@ class Config:
         "BatchingTime",
         0,
         _int_parser(0, 60000),
-        "Milliseconds during which output to a client is collected and sent in one write; "
-        "0 disables time batching.",
+        "Milliseconds during which output to a client is collected and sent in one write; 0 disables time batching.",
     )
     batching_size: int = key(
         "BatchingSize",
         0,
         _size_parser(0),
-        "Bytes of collected output that trigger a write before BatchingTime expires; "
-        "0 disables size batching.",
+        "Bytes of collected output that trigger a write before BatchingTime expires; 0 disables size batching.",
     )
     max_subscriptions_per_client: int = key(
         "MaxSubscriptionsPerClient",
@@ -321,6 +331,13 @@ class Config:
         _size_parser(1024),
         "Largest HTTP request head (request line and headers) accepted, in bytes.",
         shown="16K",
+    )
+    state_folder: str = key(
+        "StateFolder",
+        "state",
+        _parse_path,
+        "Folder of the server's persistent state (the epoch counter); relative paths are "
+        "relative to the working directory.",
     )
     entitlement: str = key(
         "Entitlement",
@@ -374,7 +391,8 @@ class Config:
                 config = cls(**values)
                 config.check()
             except ValueError as exc:
-                errors.append(f"{filename}:0: {exc}")
+                culprit = str(exc).partition(":")[0]
+                errors.append(f"{filename}:{seen.get(culprit, 0)}: {exc}")
             else:
                 return config
         raise ConfigError(errors)
@@ -388,6 +406,10 @@ class Config:
         """Cross-key checks; raise ValueError as ``Key: what is wrong``."""
         if not self.listen:
             raise ValueError("Listen: at least one listener is required")
+        if self.batching_size and not self.batching_time:
+            raise ValueError(
+                "BatchingSize: needs BatchingTime too (the longest a message may wait for the batch to fill)"
+            )
 
 
 def key_specs() -> dict[str, tuple[str, Callable[[str], Any]]]:

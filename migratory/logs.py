@@ -50,8 +50,11 @@ class JsonLineWriter:
         """Write one record; ``v`` and ``ts`` are added when missing."""
         if self._file is None:
             return
-        record.setdefault("ts", utc_timestamp())
-        line = json.dumps({"v": SCHEMA_VERSION, **record}, ensure_ascii=False, separators=(",", ":")) + "\n"
+        head: dict[str, Any] = {
+            "v": SCHEMA_VERSION,
+            "ts": record.pop("ts", None) or utc_timestamp(),
+        }
+        line = json.dumps({**head, **record}, ensure_ascii=False, separators=(",", ":")) + "\n"
         size = len(line.encode("utf-8"))
         if self._size and self._size + size > self.max_bytes:
             self._rotate()

@@ -289,7 +289,13 @@ def encode_publish(
 ) -> bytes:
     flags = (PUBLISH_RETAINED if retained else 0) | (PUBLISH_GUARANTEED if guaranteed else 0)
     return b"".join(
-        (bytes((Op.PUBLISH, flags)), _string(closure), _string(subject), _fields(fields or {}), content)
+        (
+            bytes((Op.PUBLISH, flags)),
+            _string(closure),
+            _string(subject),
+            _fields(fields or {}),
+            content,
+        )
     )
 
 

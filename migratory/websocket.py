@@ -27,6 +27,7 @@ __all__ = [
     "OP_PING",
     "OP_PONG",
     "OP_TEXT",
+    "OP_TOO_BIG",
     "Frame",
     "FrameParser",
     "WebSocketError",
@@ -44,6 +45,8 @@ OP_BINARY = 0x2
 OP_CLOSE = 0x8
 OP_PING = 0x9
 OP_PONG = 0xA
+OP_TOO_BIG = -1
+"""Pseudo-opcode: a message over the size limit was skipped; payload is its size so far."""
 
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
@@ -128,11 +131,12 @@ class FrameParser:
     """Incremental parser of client frames (which RFC 6455 requires to be masked).
 
     ``feed()`` returns complete messages and control frames; fragmented messages are
-    reassembled, and the total size of one message is capped at ``max_size``
-    (exceeding it raises :class:`WebSocketError` with code 1009).
+    reassembled. A message larger than ``max_size`` is skipped without being
+    buffered and reported once as a frame with the pseudo-opcode ``OP_TOO_BIG``, so
+    the connection survives it; a protocol violation raises :class:`WebSocketError`.
     """
 
-    __slots__ = ("_buf", "_frag_op", "_frags", "_frag_size", "max_size")
+    __slots__ = ("_buf", "_discarding", "_frag_op", "_frag_size", "_frags", "_skip", "max_size")
 
     def __init__(self, max_size: int) -> None:
         self.max_size = max_size
@@ -140,6 +144,8 @@ class FrameParser:
         self._frag_op = -1
         self._frags: list[bytes] | None = None
         self._frag_size = 0
+        self._skip = 0
+        self._discarding = False
 
     @property
     def buffered(self) -> int:
@@ -147,8 +153,15 @@ class FrameParser:
         return len(self._buf)
 
     def feed(self, data: bytes) -> list[Frame]:
-        buf = self._buf + data if self._buf else data
         frames: list[Frame] = []
+        if self._skip:
+            # Still inside an oversized frame: drop its bytes without buffering them.
+            if len(data) <= self._skip:
+                self._skip -= len(data)
+                return frames
+            data = data[self._skip :]
+            self._skip = 0
+        buf = self._buf + data if self._buf else data
         pos = 0
         end = len(buf)
         while end - pos >= 2:
@@ -183,12 +196,29 @@ class FrameParser:
                     raise WebSocketError(CLOSE_PROTOCOL_ERROR, f"unknown control opcode 0x{opcode:x}")
             elif opcode not in (OP_CONT, OP_TEXT, OP_BINARY):
                 raise WebSocketError(CLOSE_PROTOCOL_ERROR, f"unknown data opcode 0x{opcode:x}")
-            elif self._frag_size + length > self.max_size:
-                raise WebSocketError(
-                    CLOSE_MESSAGE_TOO_BIG,
-                    f"message of at least {self._frag_size + length} bytes exceeds the limit of "
-                    f"{self.max_size} bytes",
-                )
+            elif end - pos < header + 4:
+                break
+            elif self._discarding or self._frag_size + length > self.max_size:
+                # Skip the oversized message (all its fragments) but keep the connection:
+                # the caller reports it once, and later messages are still read.
+                if opcode == OP_CONT and self._frags is None and not self._discarding:
+                    raise WebSocketError(CLOSE_PROTOCOL_ERROR, "continuation frame without a message to continue")
+                if opcode != OP_CONT and (self._frags is not None or self._discarding):
+                    raise WebSocketError(CLOSE_PROTOCOL_ERROR, "new message started before the previous one ended")
+                size = self._frag_size + length
+                if not self._discarding:
+                    frames.append(Frame(OP_TOO_BIG, str(size).encode()))
+                self._frags = None
+                self._frag_size = 0
+                self._frag_op = -1
+                self._discarding = not fin
+                available = end - pos - header - 4
+                if available < length:
+                    self._skip = length - available
+                    pos = end
+                    break
+                pos += header + 4 + length
+                continue
             total = header + 4 + length
             if end - pos < total:
                 break

@@ -11,7 +11,10 @@ from migratory_cli.config_cmds import load_or_exit
 
 def serve(
     config: Path = typer.Option(
-        Path("conf/migratorydata.conf"), "--config", "-c", help="The migratorydata.conf to run with."
+        Path("conf/migratorydata.conf"),
+        "--config",
+        "-c",
+        help="The migratorydata.conf to run with.",
     ),
 ) -> None:
     """Run the server on CONFIG in the foreground; SIGTERM or SIGINT shut it down cleanly."""

@@ -1,0 +1,556 @@
+"""One client connection: HTTP requests or a WebSocket carrying the native protocol.
+
+Driven by ``asyncio.Protocol`` callbacks, with no task, reader or timer of its own
+(an idle connection is this object, its transport and a few small attributes).
+The first bytes are an HTTP request head: a WebSocket upgrade switches the
+connection to frames; anything else is served by :mod:`migratory.server.httpapi`.
+
+Output is queued with :meth:`Connection.send` (the same ``bytes`` object for every
+subscriber of a message) and written by :meth:`Connection.flush`, which the engine
+calls once per loop turn or batching period. Pending output is bounded by
+``MaxPendingOutput``; past it ``SlowConsumerPolicy`` applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, cast
+
+from migratory import protocol as p
+from migratory.http import HttpError, Request, json_response, parse_request_head, response
+from migratory.message import Message, QoS
+from migratory.server.engine import Engine, Origin
+from migratory.websocket import (
+    CLOSE_GOING_AWAY,
+    CLOSE_NORMAL,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_UNSUPPORTED_DATA,
+    OP_BINARY,
+    OP_CLOSE,
+    OP_PING,
+    OP_PONG,
+    OP_TEXT,
+    OP_TOO_BIG,
+    FrameParser,
+    WebSocketError,
+    accept_key,
+    build_close,
+    build_frame,
+    parse_close,
+)
+
+__all__ = ["Connection"]
+
+_HEAD = 0
+_BODY = 1
+_WS = 2
+_CLOSING = 3
+_CLOSED = 4
+
+
+class Connection(asyncio.Protocol):
+    """Per-connection state; ``__slots__`` keep an idle one small."""
+
+    __slots__ = (
+        "addr",
+        "bytes_in",
+        "bytes_out",
+        "connected",
+        "deadline",
+        "engine",
+        "hello",
+        "inbuf",
+        "last_rx",
+        "listener",
+        "msgs_in",
+        "msgs_out",
+        "parser",
+        "paused",
+        "pending",
+        "pending_bytes",
+        "ping_sent",
+        "port",
+        "reason",
+        "request",
+        "scheme",
+        "session",
+        "started",
+        "state",
+        "subscriptions",
+        "token",
+        "transport",
+    )
+
+    def __init__(self, engine: Engine, listener: str, scheme: str) -> None:
+        self.engine = engine
+        self.listener = listener
+        self.scheme = scheme  # "ws" or "wss": the HTTP scheme is derived from it
+        self.transport: asyncio.Transport | None = None
+        self.state = _HEAD
+        self.inbuf = b""
+        self.parser: FrameParser | None = None
+        self.pending: list[bytes] | None = None
+        self.pending_bytes = 0
+        self.paused = False
+        self.subscriptions: dict[str, int] = {}
+        self.session = ""
+        self.token = ""
+        self.connected = False
+        self.hello = False
+        self.addr = ""
+        self.port = 0
+        self.reason = ""
+        self.request: Request | None = None
+        self.started = 0.0
+        self.last_rx = 0.0
+        self.deadline = 0.0
+        self.ping_sent = 0.0
+        self.msgs_in = 0
+        self.msgs_out = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    # --- identity ---------------------------------------------------------------------
+
+    @property
+    def open(self) -> bool:
+        return self.state < _CLOSING
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "wss"
+
+    @property
+    def protocol(self) -> str:
+        if self.state == _WS or self.connected:
+            return self.scheme
+        return "https" if self.tls else "http"
+
+    def origin(self) -> Origin:
+        return Origin(self.addr, self.port, self.session, self.protocol, self.token, self.listener)
+
+    def log_fields(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "addr": self.addr,
+            "port": self.port,
+            "listener": self.listener,
+            "protocol": self.protocol,
+            "tls": self.tls,
+        }
+
+    # --- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.addr = str(peer[0])
+            self.port = int(peer[1])
+        engine = self.engine
+        self.session = engine.new_session()
+        now = engine.loop.time()
+        self.started = self.last_rx = now
+        self.deadline = now + engine.config.handshake_timeout / 1000.0
+        engine.register(self)
+        engine.schedule(self, self.deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        previous = self.state
+        self.state = _CLOSED
+        self.pending = None
+        engine = self.engine
+        engine.unregister(self)
+        if self.connected:
+            engine.stats.connections -= 1
+            engine.stats.disconnections_total += 1
+            reason = self.reason or ("connection_lost" if previous != _CLOSING else "client_closed")
+            engine.access(
+                "disconnect",
+                self,
+                duration_ms=int((engine.loop.time() - self.started) * 1000),
+                reason=reason,
+                msgs_in=self.msgs_in,
+                msgs_out=self.msgs_out,
+                bytes_in=self.bytes_in,
+                bytes_out=self.bytes_out,
+            )
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.pending:
+            self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_rx = self.engine.loop.time()
+        self.bytes_in += len(data)
+        if self.state == _WS:
+            self._ws_received(data)
+        elif self.state < _WS:
+            self.inbuf += data
+            self._http_received()
+
+    def eof_received(self) -> bool | None:
+        if self.state != _WS:
+            self.reason = self.reason or "client_closed"
+        return None
+
+    # --- output -----------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Queue bytes for the next flush; the engine decides when that happens."""
+        pending = self.pending
+        if pending is None:
+            if self.state >= _CLOSING:
+                return
+            self.pending = [data]
+            self.pending_bytes = len(data)
+            engine = self.engine
+            engine.mark_dirty(self)
+            if engine.batching_size and self.pending_bytes >= engine.batching_size:
+                self.flush()
+            return
+        pending.append(data)
+        self.pending_bytes += len(data)
+        if self.pending_bytes > self.engine.max_pending:
+            self._slow_consumer()
+        elif self.engine.batching_size and self.pending_bytes >= self.engine.batching_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write everything pending in one call (unless the kernel asked us to pause)."""
+        pending = self.pending
+        if not pending or self.paused or self.transport is None:
+            return
+        self.pending = None
+        self.msgs_out += len(pending)
+        self.bytes_out += self.pending_bytes
+        self.pending_bytes = 0
+        self.transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def _slow_consumer(self) -> None:
+        engine = self.engine
+        if engine.drop_slow:
+            assert self.pending is not None
+            dropped = self.pending.pop()
+            self.pending_bytes -= len(dropped)
+            engine.stats.messages_dropped += 1
+            return
+        engine.stats.slow_consumers_disconnected += 1
+        engine.deny(
+            self.origin(),
+            "frame",
+            "slow_consumer",
+            f"pending output exceeded MaxPendingOutput ({engine.max_pending} bytes)",
+        )
+        self.abort("slow_consumer")
+
+    def abort(self, reason: str) -> None:
+        """Drop the connection at once, discarding pending output."""
+        self.reason = self.reason or reason
+        self.pending = None
+        if self.state < _CLOSING:
+            self.state = _CLOSING
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self, reason: str) -> None:
+        """Flush what is pending, then close."""
+        self.reason = self.reason or reason
+        if self.state >= _CLOSING:
+            return
+        self.flush()
+        self.state = _CLOSING
+        self.pending = None
+        if self.transport is not None:
+            self.transport.close()
+
+    def shutdown(self) -> None:
+        """Server shutdown: tell WebSocket clients with close code 1001."""
+        if self.state == _WS:
+            self.send(build_close(CLOSE_GOING_AWAY, "server shutdown"))
+            self.flush()
+        self.close("server_shutdown")
+
+    # --- timers -----------------------------------------------------------------------
+
+    def on_timer(self, now: float) -> None:
+        engine = self.engine
+        config = engine.config
+        if self.state < _WS:
+            if now >= self.deadline:
+                engine.deny(
+                    self.origin(),
+                    "http",
+                    "bad_request",
+                    "request not completed within HandshakeTimeout",
+                )
+                self.abort("handshake_timeout")
+            else:
+                engine.schedule(self, self.deadline)
+            return
+        interval = config.keep_alive_interval / 1000.0
+        timeout = config.keep_alive_timeout / 1000.0
+        if self.ping_sent and self.last_rx < self.ping_sent:
+            if now - self.ping_sent >= timeout:
+                self.abort("keepalive_timeout")
+            else:
+                engine.schedule(self, self.ping_sent + timeout)
+            return
+        self.ping_sent = 0.0
+        if now - self.last_rx >= interval:
+            self.ping_sent = now
+            self.send(build_frame(OP_PING, b"ka"))
+            engine.schedule(self, now + timeout)
+        else:
+            engine.schedule(self, self.last_rx + interval)
+
+    # --- HTTP -------------------------------------------------------------------------
+
+    def _http_received(self) -> None:
+        from migratory.server import httpapi
+
+        while self.state < _WS and self.inbuf:
+            if self.state == _HEAD:
+                end = self.inbuf.find(b"\r\n\r\n")
+                limit = self.engine.config.max_header_size
+                if end < 0:
+                    if len(self.inbuf) > limit:
+                        self._http_error(431, f"request head larger than MaxHeaderSize ({limit} bytes)")
+                    return
+                if end > limit:
+                    self._http_error(431, f"request head larger than MaxHeaderSize ({limit} bytes)")
+                    return
+                head = self.inbuf[:end]
+                self.inbuf = self.inbuf[end + 4 :]
+                try:
+                    request = parse_request_head(head)
+                except HttpError as exc:
+                    self._http_error(exc.status, exc.reason)
+                    return
+                if request.is_websocket_upgrade:
+                    self._upgrade(request)
+                    return
+                if "transfer-encoding" in request.headers:
+                    self._http_error(411, "chunked request bodies are not supported: send Content-Length")
+                    return
+                length_text = request.headers.get("content-length", "0")
+                if not length_text.isdigit():
+                    self._http_error(400, "invalid Content-Length")
+                    return
+                length = int(length_text)
+                if length > self.engine.max_message_size:
+                    self._http_error(
+                        413,
+                        f"body of {length} bytes exceeds MessageSizeLimit ({self.engine.max_message_size} bytes)",
+                        reason_code="message_too_big",
+                    )
+                    return
+                self.request = request
+                self.state = _BODY
+            pending_request = self.request
+            assert pending_request is not None
+            request = pending_request
+            length = int(request.headers.get("content-length", "0"))
+            if len(self.inbuf) < length:
+                return
+            body = self.inbuf[:length]
+            self.inbuf = self.inbuf[length:]
+            self.request = None
+            self.state = _HEAD
+            self.deadline = self.engine.loop.time() + self.engine.config.handshake_timeout / 1000.0
+            status, payload = httpapi.handle(self.engine, self, request, body)
+            keep = request.keep_alive
+            self.send(payload if isinstance(payload, bytes) else b"")
+            self.engine.access(
+                "http",
+                self,
+                method=request.method,
+                path=request.path,
+                status=status,
+                subject=request.query.get("subject"),
+                bytes_out=len(payload),
+            )
+            if not keep:
+                self.close("http_done")
+                return
+
+    def _http_error(self, status: int, reason: str, *, reason_code: str = "bad_request") -> None:
+        self.engine.deny(self.origin(), "http", reason_code, reason)
+        self.send(json_response(status, {"error": reason}, keep_alive=False))
+        self.close("protocol_error" if status != 413 else "message_too_big")
+
+    def _upgrade(self, request: Request) -> None:
+        key = request.headers.get("sec-websocket-key", "")
+        if request.method != "GET":
+            self._http_error(405, "WebSocket upgrade requires GET")
+            return
+        if request.headers.get("sec-websocket-version") != "13":
+            self.engine.deny(self.origin(), "http", "bad_request", "unsupported Sec-WebSocket-Version")
+            self.send(
+                response(
+                    426,
+                    b"Sec-WebSocket-Version 13 required\n",
+                    keep_alive=False,
+                    extra={"Sec-WebSocket-Version": "13"},
+                )
+            )
+            self.close("protocol_error")
+            return
+        if len(key) != 24:
+            self._http_error(400, "missing or malformed Sec-WebSocket-Key")
+            return
+        lines = [
+            "HTTP/1.1 101 Switching Protocols",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            f"Sec-WebSocket-Accept: {accept_key(key)}",
+        ]
+        offered = [s.strip() for s in request.headers.get("sec-websocket-protocol", "").split(",") if s.strip()]
+        if "migratory.v1" in offered:
+            lines.append("Sec-WebSocket-Protocol: migratory.v1")
+        self.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        self.state = _WS
+        self.connected = True
+        self.token = request.query.get("token", "")
+        engine = self.engine
+        engine.stats.connections += 1
+        engine.stats.connections_total += 1
+        self.parser = FrameParser(engine.max_message_size)
+        engine.access("connect", self)
+        engine.schedule(self, self.last_rx + engine.config.keep_alive_interval / 1000.0)
+        rest = self.inbuf
+        self.inbuf = b""
+        if rest:
+            self._ws_received(rest)
+
+    # --- WebSocket --------------------------------------------------------------------
+
+    def _ws_received(self, data: bytes) -> None:
+        parser = self.parser
+        assert parser is not None
+        try:
+            frames = parser.feed(data)
+        except WebSocketError as exc:
+            self._ws_fail(exc.code, exc.reason, "protocol_error", "malformed")
+            return
+        for frame in frames:
+            if self.state != _WS:
+                return
+            opcode = frame.opcode
+            if opcode == OP_BINARY:
+                self.msgs_in += 1
+                self._native(frame.payload)
+            elif opcode == OP_PING:
+                self.send(build_frame(OP_PONG, frame.payload))
+            elif opcode == OP_PONG:
+                pass
+            elif opcode == OP_CLOSE:
+                try:
+                    code, _ = parse_close(frame.payload)
+                except WebSocketError as exc:
+                    self._ws_fail(exc.code, exc.reason, "protocol_error", "malformed")
+                    return
+                self.send(build_close(CLOSE_NORMAL if code == 1005 else code))
+                self.close("client_closed")
+                return
+            elif opcode == OP_TOO_BIG:
+                size = frame.payload.decode()
+                reason = (
+                    f"message of at least {size} bytes exceeds MessageSizeLimit "
+                    f"({self.engine.max_message_size} bytes); it was discarded"
+                )
+                self.engine.deny(self.origin(), "frame", "message_too_big", reason)
+                self.send(build_frame(OP_BINARY, p.encode_error(p.Status.TOO_LARGE, reason)))
+            elif opcode == OP_TEXT:
+                self._ws_fail(
+                    CLOSE_UNSUPPORTED_DATA,
+                    "the native protocol uses binary messages (see docs/protocol.md)",
+                    "protocol_error",
+                    "malformed",
+                )
+                return
+
+    def _ws_fail(self, code: int, reason: str, disconnect_reason: str, reason_code: str) -> None:
+        """Report a fatal error to the client (native ERROR, then close frame) and close."""
+        self.engine.deny(self.origin(), "frame", reason_code, reason)
+        self.send(build_frame(OP_BINARY, p.encode_error(p.Status.PROTOCOL_ERROR, reason)))
+        self.send(build_close(code, reason))
+        self.close(disconnect_reason)
+
+    def _native(self, payload: bytes) -> None:
+        received = time.perf_counter_ns()
+        try:
+            msg = p.decode_client(payload)
+        except p.DecodeError as exc:
+            self._ws_fail(
+                CLOSE_POLICY_VIOLATION,
+                f"malformed native message: {exc}",
+                "protocol_error",
+                "malformed",
+            )
+            return
+        engine = self.engine
+        if isinstance(msg, p.Publish):
+            if not self.session_ready():
+                return
+            result = engine.publish(
+                Message(
+                    msg.subject,
+                    msg.content,
+                    msg.fields,
+                    msg.retained,
+                    QoS.GUARANTEED if msg.guaranteed else QoS.STANDARD,
+                    msg.closure,
+                ),
+                self.origin(),
+                received,
+            )
+            self.send(build_frame(OP_BINARY, p.encode_publish_status(result.status, msg.closure, result.reason)))
+        elif isinstance(msg, p.Subscribe):
+            if not self.session_ready():
+                return
+            for subject in msg.subjects:
+                status, reason = engine.subscribe(self, subject, msg.conflation_ms)
+                self.send(build_frame(OP_BINARY, p.encode_subscribe_status(status, subject, reason)))
+                if status == p.Status.OK:
+                    frame = engine.snapshot_frame(subject)
+                    if frame is not None:
+                        self.send(frame)
+        elif isinstance(msg, p.Unsubscribe):
+            if not self.session_ready():
+                return
+            for subject in msg.subjects:
+                engine.unsubscribe(self, subject)
+        elif isinstance(msg, p.Connect):
+            if msg.version != p.PROTOCOL_VERSION:
+                self._ws_fail(
+                    CLOSE_POLICY_VIOLATION,
+                    f"protocol version {msg.version} not supported (this server speaks {p.PROTOCOL_VERSION})",
+                    "protocol_error",
+                    "malformed",
+                )
+                return
+            if msg.token:
+                self.token = msg.token
+            self.hello = True
+            self.send(build_frame(OP_BINARY, p.encode_connected(self.session, engine.epoch)))
+
+    def session_ready(self) -> bool:
+        """Requests before CONNECT are refused with NOT_CONNECTED, and the session closed."""
+        if self.hello:
+            return True
+        self.engine.deny(self.origin(), "connect", "not_connected", "CONNECT must be the first message")
+        self.send(
+            build_frame(
+                OP_BINARY,
+                p.encode_error(p.Status.NOT_CONNECTED, "CONNECT must be the first message"),
+            )
+        )
+        self.send(build_close(CLOSE_POLICY_VIOLATION, "CONNECT must be the first message"))
+        self.close("protocol_error")
+        return False

@@ -1,0 +1,448 @@
+"""The node's publish/subscribe engine: snapshots, subscriptions, fan-out, timers.
+
+One published message goes: connection decodes PUBLISH -> :meth:`Engine.publish`
+checks it and gives it a sequence number and folds it into the snapshot
+(:meth:`Engine.accept`) -> :meth:`Engine.deliver` encodes the WebSocket frame once
+and queues the same bytes object on every subscriber -> once per event-loop turn
+(or per ``BatchingTime``) each dirty connection writes everything pending with one
+syscall. Conflated subscribers get per-period aggregates instead, encoded once per
+subject and period.
+
+Timers share two callbacks: a one-second housekeeping tick drives a coarse timer
+wheel (handshake deadlines, keepalive pings, dead-peer detection, log flushes), and
+one timer per active conflation period drains its buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from migratory.config import Config
+from migratory.conflation import ConflationBuffer, next_boundary, round_conflation
+from migratory.logs import JsonLineWriter
+from migratory.message import Message, QoS, SnapshotStore
+from migratory.protocol import Status, encode_delivery
+from migratory.subjects import InvalidSubject, check_subject
+from migratory.subscriptions import SubscriptionIndex
+from migratory.websocket import OP_BINARY, build_frame
+
+if TYPE_CHECKING:
+    from migratory.server.connection import Connection
+
+__all__ = ["Authorizer", "Engine", "Origin", "PublishResult", "Stats"]
+
+log = logging.getLogger("migratory.server")
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Who sent a request, for entitlement decisions and logs."""
+
+    addr: str
+    port: int
+    session: str
+    protocol: str
+    token: str = ""
+    listener: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    status: Status
+    reason: str = ""
+    reason_code: str = ""
+    recipients: int = 0
+    seq: int = 0
+
+
+class Authorizer(Protocol):
+    """Entitlement hook: return ``None`` to allow, or ``(reason_code, reason)`` to deny."""
+
+    def check_subscribe(self, origin: Origin, subject: str) -> tuple[str, str] | None: ...
+
+    def check_publish(self, origin: Origin, subject: str) -> tuple[str, str] | None: ...
+
+
+class AllowAll:
+    """``Entitlement = None``: everyone may subscribe and publish."""
+
+    def check_subscribe(self, origin: Origin, subject: str) -> tuple[str, str] | None:
+        return None
+
+    def check_publish(self, origin: Origin, subject: str) -> tuple[str, str] | None:
+        return None
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters since start; read by /health and the benchmarks."""
+
+    connections: int = 0
+    connections_total: int = 0
+    disconnections_total: int = 0
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    slow_consumers_disconnected: int = 0
+    messages_dropped: int = 0
+    denied: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class Engine:
+    """Everything one server process decides, driven by its connections and timers."""
+
+    def __init__(
+        self,
+        config: Config,
+        epoch: int,
+        loop: asyncio.AbstractEventLoop,
+        access_log: JsonLineWriter | None = None,
+        message_log: JsonLineWriter | None = None,
+    ) -> None:
+        self.config = config
+        self.loop = loop
+        self.epoch = epoch
+        self.store = SnapshotStore(epoch)
+        self.index: SubscriptionIndex[Connection] = SubscriptionIndex()
+        self.connections: set[Connection] = set()
+        self.stats = Stats()
+        self.authorizer: Authorizer = AllowAll()
+        self.access_log = access_log
+        self.message_log = message_log
+        self.max_message_size = config.message_size_limit
+        self.batching_time = config.batching_time / 1000.0
+        self.batching_size = config.batching_size
+        self.max_pending = config.max_pending_output
+        self.drop_slow = config.slow_consumer_policy.value == "Drop"
+        self._sessions = 0
+        self._dirty: list[Connection] = []
+        self._flush_armed = False
+        self._batch_dirty: list[Connection] = []
+        self._batch_armed = False
+        self._conflation: dict[int, ConflationBuffer] = {}
+        self._conflation_armed: set[int] = set()
+        self._snapshot_frames: dict[str, tuple[int, bytes]] = {}
+        self._wheel: dict[int, list[Connection]] = {}
+        self._tick: asyncio.TimerHandle | None = None
+        self._closed = False
+        self.on_tick: list[Callable[[], None]] = []
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the housekeeping tick."""
+        self._tick = self.loop.call_later(1.0, self._housekeeping)
+
+    def new_session(self) -> str:
+        self._sessions += 1
+        return f"{self.epoch}-{self._sessions}"
+
+    def register(self, conn: Connection) -> None:
+        self.connections.add(conn)
+
+    def unregister(self, conn: Connection) -> None:
+        """Forget a closed connection and its subscriptions."""
+        self.connections.discard(conn)
+        for subject in conn.subscriptions:
+            self.index.remove(subject, conn)
+        conn.subscriptions.clear()
+
+    async def shutdown(self, timeout: float = 2.0) -> None:
+        """Close every connection politely (close frame 1001), then stop timers."""
+        self._closed = True
+        for conn in list(self.connections):
+            conn.shutdown()
+        self.flush_dirty()
+        deadline = self.loop.time() + timeout
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            conn.abort("server_shutdown")
+        if self._tick is not None:
+            self._tick.cancel()
+        for writer in (self.access_log, self.message_log):
+            if writer is not None:
+                writer.close()
+
+    # --- output scheduling ----------------------------------------------------------
+
+    def mark_dirty(self, conn: Connection) -> None:
+        """A connection has output pending: write it at the end of this loop turn."""
+        if self.batching_time:
+            self._batch_dirty.append(conn)
+            if not self._batch_armed:
+                self._batch_armed = True
+                self.loop.call_later(self.batching_time, self._flush_batches)
+            return
+        self._dirty.append(conn)
+        if not self._flush_armed:
+            self._flush_armed = True
+            self.loop.call_soon(self.flush_dirty)
+
+    def flush_dirty(self) -> None:
+        self._flush_armed = False
+        dirty = self._dirty
+        self._dirty = []
+        for conn in dirty:
+            conn.flush()
+
+    def _flush_batches(self) -> None:
+        self._batch_armed = False
+        dirty = self._batch_dirty
+        self._batch_dirty = []
+        for conn in dirty:
+            conn.flush()
+
+    # --- timers ---------------------------------------------------------------------
+
+    def schedule(self, conn: Connection, when: float) -> None:
+        """Have ``conn.on_timer`` called at (about) loop time ``when``, at 1 s granularity."""
+        self._wheel.setdefault(int(when) + 1, []).append(conn)
+
+    def _housekeeping(self) -> None:
+        now = self.loop.time()
+        for second in [s for s in self._wheel if s <= now]:
+            for conn in self._wheel.pop(second):
+                if conn.open:
+                    conn.on_timer(now)
+        for writer in (self.access_log, self.message_log):
+            if writer is not None:
+                writer.flush()
+        for callback in self.on_tick:
+            callback()
+        if not self._closed:
+            self._tick = self.loop.call_later(1.0, self._housekeeping)
+
+    # --- subscribe ------------------------------------------------------------------
+
+    def check_subject(self, subject: str) -> str | None:
+        """Return the reason ``subject`` is invalid, or None."""
+        try:
+            check_subject(subject)
+        except InvalidSubject as exc:
+            return exc.reason
+        return None
+
+    def subscribe(self, conn: Connection, subject: str, conflation_ms: int) -> tuple[Status, str]:
+        """Subscribe ``conn``; on success queue the snapshot. Returns (status, reason)."""
+        reason = self.check_subject(subject)
+        if reason is not None:
+            self.deny(conn.origin(), "subscribe", "invalid_subject", reason, subject)
+            return Status.INVALID_SUBJECT, reason
+        if subject not in conn.subscriptions and len(conn.subscriptions) >= self.config.max_subscriptions_per_client:
+            reason = f"MaxSubscriptionsPerClient ({self.config.max_subscriptions_per_client}) reached"
+            self.deny(conn.origin(), "subscribe", "subscription_limit", reason, subject)
+            return Status.LIMIT_EXCEEDED, reason
+        denial = self.authorizer.check_subscribe(conn.origin(), subject)
+        if denial is not None:
+            self.deny(conn.origin(), "subscribe", denial[0], denial[1], subject)
+            return Status.DENIED, denial[1]
+        period = round_conflation(conflation_ms)
+        self.index.add(subject, conn, period)
+        conn.subscriptions[subject] = period
+        self.access("subscribe", conn, subject=subject, conflation_ms=period)
+        return Status.OK, ""
+
+    def snapshot_frame(self, subject: str) -> bytes | None:
+        """The encoded SNAPSHOT frame of ``subject`` (cached per sequence number)."""
+        if not self.config.publish_snapshot_message:
+            return None
+        snapshot = self.store.get(subject)
+        if snapshot is None:
+            return None
+        cached = self._snapshot_frames.get(subject)
+        if cached is not None and cached[0] == snapshot.seq:
+            return cached[1]
+        frame = build_frame(
+            OP_BINARY,
+            encode_delivery(
+                subject,
+                snapshot.content,
+                snapshot.fields,
+                snapshot.seq,
+                snapshot.epoch,
+                snapshot=True,
+            ),
+        )
+        self._snapshot_frames[subject] = (snapshot.seq, frame)
+        return frame
+
+    def unsubscribe(self, conn: Connection, subject: str) -> bool:
+        if conn.subscriptions.pop(subject, None) is None:
+            return False
+        self.index.remove(subject, conn)
+        self.access("unsubscribe", conn, subject=subject)
+        return True
+
+    # --- publish --------------------------------------------------------------------
+
+    def publish(self, message: Message, origin: Origin, received_ns: int | None = None) -> PublishResult:
+        """Check, number, snapshot and fan out one publication."""
+        start = received_ns if received_ns is not None else time.perf_counter_ns()
+        self.stats.messages_in += 1
+        self.stats.bytes_in += len(message.content)
+        reason = self.check_subject(message.subject)
+        if reason is not None:
+            self.deny(origin, "publish", "invalid_subject", reason, message.subject)
+            return PublishResult(Status.INVALID_SUBJECT, reason, "invalid_subject")
+        if len(message.content) > self.max_message_size:
+            reason = f"content of {len(message.content)} bytes exceeds MessageSizeLimit ({self.max_message_size})"
+            self.deny(origin, "publish", "message_too_big", reason, message.subject)
+            return PublishResult(Status.TOO_LARGE, reason, "message_too_big")
+        denial = self.authorizer.check_publish(origin, message.subject)
+        if denial is not None:
+            self.deny(origin, "publish", denial[0], denial[1], message.subject)
+            return PublishResult(Status.DENIED, denial[1], denial[0])
+        seq = self.accept(message)
+        recipients, out_bytes = self.deliver(message, seq, self.epoch)
+        status = Status.OK if recipients else Status.NO_SUBSCRIBER
+        if self.message_log is not None and (
+            self.config.message_log_sampling >= 1.0 or random.random() < self.config.message_log_sampling
+        ):
+            self.message_log.write(
+                {
+                    "event": "publish",
+                    "subject": message.subject,
+                    "size": len(message.content),
+                    "fields": len(message.fields),
+                    "addr": origin.addr,
+                    "port": origin.port,
+                    "session": origin.session,
+                    "protocol": origin.protocol,
+                    "qos": "guaranteed" if message.qos == QoS.GUARANTEED else "standard",
+                    "retained": message.retained,
+                    "status": status.name,
+                    "recipients": recipients,
+                    "bytes_out": out_bytes,
+                    "latency_us": (time.perf_counter_ns() - start) // 1000,
+                    "seq": seq,
+                    "epoch": self.epoch,
+                    "sampling": self.config.message_log_sampling,
+                }
+            )
+        return PublishResult(status, "", "", recipients, seq)
+
+    def accept(self, message: Message) -> int:
+        """Coordinator step: give the message its sequence number and fold it into the snapshot."""
+        seq = self.store.next_seq(message.subject)
+        self.store.apply(message, seq)
+        return seq
+
+    def deliver(self, message: Message, seq: int, epoch: int) -> tuple[int, int]:
+        """Queue one message for every local subscriber; return (recipients, bytes queued)."""
+        entry = self.index.get(message.subject)
+        if entry is None:
+            return 0, 0
+        recipients = 0
+        out_bytes = 0
+        if entry.plain:
+            frame = build_frame(
+                OP_BINARY,
+                encode_delivery(
+                    message.subject,
+                    message.content,
+                    message.fields,
+                    seq,
+                    epoch,
+                    retained=message.retained,
+                    guaranteed=message.qos == QoS.GUARANTEED,
+                ),
+            )
+            for conn in entry.plain:
+                conn.send(frame)
+            recipients = len(entry.plain)
+            out_bytes = recipients * len(frame)
+        for period, members in entry.conflated.items():
+            buffer = self._conflation.get(period)
+            if buffer is None:
+                buffer = self._conflation[period] = ConflationBuffer(period)
+            buffer.add(message.subject, message.content, message.fields, seq, epoch, message.retained)
+            if period not in self._conflation_armed:
+                self._arm_conflation(period)
+            recipients += len(members)
+        self.stats.messages_out += recipients
+        self.stats.bytes_out += out_bytes
+        return recipients, out_bytes
+
+    def _arm_conflation(self, period: int) -> None:
+        self._conflation_armed.add(period)
+        now_ms = int(time.time() * 1000)
+        delay = (next_boundary(now_ms, period) - now_ms) / 1000.0
+        self.loop.call_later(delay, self._drain_conflation, period)
+
+    def _drain_conflation(self, period: int) -> None:
+        self._conflation_armed.discard(period)
+        buffer = self._conflation.get(period)
+        if buffer is None:
+            return
+        for item in buffer.drain():
+            entry = self.index.get(item.subject)
+            members = entry.conflated.get(period) if entry is not None else None
+            if not members:
+                continue
+            frame = build_frame(
+                OP_BINARY,
+                encode_delivery(
+                    item.subject,
+                    item.content,
+                    item.fields,
+                    item.seq,
+                    item.epoch,
+                    retained=item.retained,
+                ),
+            )
+            for conn in members:
+                conn.send(frame)
+            self.stats.bytes_out += len(frame) * len(members)
+
+    # --- logs -----------------------------------------------------------------------
+
+    def access(self, event: str, conn: Connection, **fields: Any) -> None:
+        if self.access_log is not None:
+            self.access_log.write({"event": event, **conn.log_fields(), **fields})
+
+    def deny(
+        self,
+        origin: Origin,
+        request: str,
+        reason_code: str,
+        reason: str,
+        subject: str | None = None,
+    ) -> None:
+        """Count and log one refused request (every refusal is logged once, with its reason)."""
+        self.stats.denied += 1
+        if self.access_log is not None:
+            self.access_log.write(
+                {
+                    "event": "denied",
+                    "session": origin.session,
+                    "addr": origin.addr,
+                    "port": origin.port,
+                    "listener": origin.listener,
+                    "protocol": origin.protocol,
+                    "tls": origin.protocol in ("wss", "https"),
+                    "request": request,
+                    "reason_code": reason_code,
+                    "reason": reason,
+                    "subject": subject,
+                }
+            )
+
+    def health(self) -> Mapping[str, Any]:
+        return {
+            "status": "ok",
+            "epoch": self.epoch,
+            "subjects": len(self.store),
+            **self.stats.as_dict(),
+        }

@@ -1,0 +1,153 @@
+"""Plain HTTP endpoints served on the client listeners.
+
+``GET /snapshot?subject=X[&token=U]``: the snapshot content as the body, or with
+``Accept: application/json`` a JSON object with subject, content (or
+content_base64), fields, seq and epoch. ``POST /publish?subject=X[&token=U]
+[&retained=true|false]``: publish the body exactly as a WebSocket publisher would
+(or a JSON object with ``Content-Type: application/json``). ``GET /health``: a
+liveness answer with the node's counters.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import TYPE_CHECKING, Any
+
+from migratory.config import parse_bool
+from migratory.http import Request, json_response, response
+from migratory.message import Message
+from migratory.protocol import Status
+from migratory.server.engine import Engine
+
+if TYPE_CHECKING:
+    from migratory.server.connection import Connection
+
+__all__ = ["handle"]
+
+_PUBLISH_HTTP_STATUS = {
+    Status.OK: 200,
+    Status.NO_SUBSCRIBER: 200,
+    Status.DENIED: 403,
+    Status.INVALID_SUBJECT: 400,
+    Status.TOO_LARGE: 413,
+    Status.FAILED: 503,
+}
+
+
+def handle(engine: Engine, conn: Connection, request: Request, body: bytes) -> tuple[int, bytes]:
+    """Answer one request; returns (HTTP status, complete response bytes)."""
+    keep = request.keep_alive
+    path = request.path.rstrip("/") or "/"
+    if path == "/snapshot":
+        if request.method not in ("GET", "HEAD"):
+            return _error(405, "use GET for /snapshot", keep)
+        return _snapshot(engine, conn, request, keep)
+    if path == "/publish":
+        if request.method != "POST":
+            return _error(405, "use POST for /publish", keep)
+        return _publish(engine, conn, request, body, keep)
+    if path == "/health":
+        return 200, json_response(200, engine.health(), keep_alive=keep)
+    return _error(404, f"no such endpoint: {request.path}", keep)
+
+
+def _error(status: int, reason: str, keep: bool) -> tuple[int, bytes]:
+    return status, json_response(status, {"error": reason}, keep_alive=keep)
+
+
+def _wants_json(request: Request) -> bool:
+    return "application/json" in request.headers.get("accept", "")
+
+
+def _snapshot(engine: Engine, conn: Connection, request: Request, keep: bool) -> tuple[int, bytes]:
+    subject = request.query.get("subject")
+    if subject is None:
+        return _error(400, "missing query parameter: subject", keep)
+    origin = conn.origin()
+    if "token" in request.query:
+        origin = _with_token(origin, request.query["token"])
+    reason = engine.check_subject(subject)
+    if reason is not None:
+        engine.deny(origin, "snapshot", "invalid_subject", reason, subject)
+        return _error(400, f"invalid subject: {reason}", keep)
+    denial = engine.authorizer.check_subscribe(origin, subject)
+    if denial is not None:
+        engine.deny(origin, "snapshot", denial[0], denial[1], subject)
+        return _error(403, denial[1], keep)
+    snapshot = engine.store.get(subject)
+    if snapshot is None:
+        return _error(404, f"no snapshot for {subject}", keep)
+    if _wants_json(request):
+        document: dict[str, Any] = {
+            "subject": snapshot.subject,
+            "fields": dict(snapshot.fields),
+            "seq": snapshot.seq,
+            "epoch": snapshot.epoch,
+        }
+        try:
+            document["content"] = snapshot.content.decode("utf-8")
+        except UnicodeDecodeError:
+            document["content"] = None
+            document["content_base64"] = base64.b64encode(snapshot.content).decode("ascii")
+        return 200, json_response(200, document, keep_alive=keep)
+    body = b"" if request.method == "HEAD" else snapshot.content
+    extra = {"X-Migratory-Seq": str(snapshot.seq), "X-Migratory-Epoch": str(snapshot.epoch)}
+    return 200, response(200, body, "application/octet-stream", keep_alive=keep, extra=extra)
+
+
+def _with_token(origin: Any, token: str) -> Any:
+    from dataclasses import replace
+
+    return replace(origin, token=token)
+
+
+def _publish(engine: Engine, conn: Connection, request: Request, body: bytes, keep: bool) -> tuple[int, bytes]:
+    origin = conn.origin()
+    if "token" in request.query:
+        origin = _with_token(origin, request.query["token"])
+    subject = request.query.get("subject")
+    retained_text = request.query.get("retained")
+    fields: dict[str, str] = {}
+    content = body
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
+        try:
+            document = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            engine.deny(origin, "publish", "malformed", f"invalid JSON body: {exc}", subject)
+            return _error(400, f"invalid JSON body: {exc}", keep)
+        if not isinstance(document, dict):
+            return _error(400, "the JSON body must be an object", keep)
+        subject = document.get("subject", subject)
+        raw_fields = document.get("fields", {})
+        if not isinstance(raw_fields, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in raw_fields.items()
+        ):
+            return _error(400, "fields must be an object of strings", keep)
+        fields = raw_fields
+        if "content_base64" in document:
+            try:
+                content = base64.b64decode(str(document["content_base64"]), validate=True)
+            except (binascii.Error, ValueError):
+                return _error(400, "content_base64 is not valid base64", keep)
+        elif isinstance(document.get("content"), str):
+            content = document["content"].encode("utf-8")
+        else:
+            return _error(400, "the JSON body needs a string content (or content_base64)", keep)
+        if "retained" in document:
+            if not isinstance(document["retained"], bool):
+                return _error(400, "retained must be true or false", keep)
+            retained_text = "true" if document["retained"] else "false"
+    if not isinstance(subject, str):
+        return _error(400, "missing subject", keep)
+    try:
+        retained = True if retained_text is None else parse_bool(retained_text)
+    except ValueError as exc:
+        return _error(400, f"retained: {exc}", keep)
+    result = engine.publish(Message(subject, content, fields, retained), origin)
+    status = _PUBLISH_HTTP_STATUS.get(result.status, 400)
+    payload: dict[str, Any] = {"status": result.status.name}
+    if result.reason:
+        payload["error"] = result.reason
+    return status, json_response(status, payload, keep_alive=keep)
