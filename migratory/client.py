@@ -305,6 +305,8 @@ class MigratoryClient:
             self._fail_pending("connection lost")
             if was_up:
                 delay = self.backoff_initial
+            if self._closing:
+                return
             await self._emit(StatusEvent(EventKind.SERVER_DOWN, f"{server.url}: {reason}"))
             if self._closing or not self.reconnect:
                 return

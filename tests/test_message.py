@@ -1,0 +1,46 @@
+"""Snapshot model: the Architecture Guide's Table 4.3 ("Examples of Snapshot Messages")."""
+
+from __future__ import annotations
+
+from migratory.message import Message, SnapshotStore, merge_fields
+
+IBM = "/Stocks/NYSE/IBM"
+
+# (published content, published fields) -> expected snapshot (content, fields)
+SEED_SNAPSHOTS = [
+    ((b"193", {"volume": "6.62M"}), (b"193", {"volume": "6.62M"})),
+    ((b"192", {}), (b"192", {"volume": "6.62M"})),
+    ((b"195", {"ask": "190"}), (b"195", {"ask": "190", "volume": "6.62M"})),
+    ((b"193", {"bid": "194", "ask": "191"}), (b"193", {"bid": "194", "ask": "191", "volume": "6.62M"})),
+]
+
+
+def test_seed_snapshot_table() -> None:
+    store = SnapshotStore(epoch=7)
+    for (content, fields), (want_content, want_fields) in SEED_SNAPSHOTS:
+        message = Message(IBM, content, fields)
+        store.apply(message, store.next_seq(IBM))
+        snapshot = store.get(IBM)
+        assert snapshot is not None
+        assert snapshot.content == want_content
+        assert dict(snapshot.fields) == want_fields
+        assert snapshot.epoch == 7
+    assert store.get(IBM) is not None and store.get(IBM).seq == 4  # type: ignore[union-attr]
+
+
+def test_non_retained_message_does_not_change_snapshot_but_takes_a_seq() -> None:
+    store = SnapshotStore(epoch=1)
+    store.apply(Message("/a/b", b"1"), store.next_seq("/a/b"))
+    seq = store.next_seq("/a/b")
+    assert store.apply(Message("/a/b", b"2", retained=False), seq) is None
+    snap = store.get("/a/b")
+    assert snap is not None and snap.content == b"1" and snap.seq == 1
+    assert seq == 2
+
+
+def test_merge_fields_latest_wins() -> None:
+    assert merge_fields({"a": "1", "b": "2"}, {"b": "3", "c": "4"}) == {"a": "1", "b": "3", "c": "4"}
+
+
+def test_subject_without_snapshot() -> None:
+    assert SnapshotStore(1).get("/x/y") is None
