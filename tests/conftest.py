@@ -25,7 +25,9 @@ def wait_for_port(host: str, port: int, timeout: float = 15.0, proc: subprocess.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode() if proc.stderr else ''}")
+            raise RuntimeError(
+                f"server exited with {proc.returncode}: {proc.stderr.read().decode() if proc.stderr else ''}"
+            )
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return
@@ -80,7 +82,9 @@ def write_conf(folder: Path, host: str, port: int, extra: dict[str, str] | None 
     return conf
 
 
-def start_server(folder: Path, extra: dict[str, str] | None = None, host: str = "127.0.0.1", port: int = 0) -> ServerProcess:
+def start_server(
+    folder: Path, extra: dict[str, str] | None = None, host: str = "127.0.0.1", port: int = 0
+) -> ServerProcess:
     folder.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
     conf = write_conf(folder, host, port, extra)

@@ -82,7 +82,9 @@ def test_bundled_config_is_valid() -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migratory_cli.main", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "migratory_cli.main", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cli_config_check_ok_and_errors(tmp_path: Path) -> None:

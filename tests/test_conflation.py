@@ -7,7 +7,9 @@ import pytest
 from migratory.conflation import ConflationBuffer, next_boundary, round_conflation
 
 
-@pytest.mark.parametrize(("asked", "used"), [(78, 0), (547, 500), (887, 800), (0, 0), (-5, 0), (100, 100), (5000, 5000)])
+@pytest.mark.parametrize(
+    ("asked", "used"), [(78, 0), (547, 500), (887, 800), (0, 0), (-5, 0), (100, 100), (5000, 5000)]
+)
 def test_conflation_time_is_cut_down_to_100ms(asked: int, used: int) -> None:
     assert round_conflation(asked) == used
 
