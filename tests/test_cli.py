@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 from tests.conftest import ServerProcess
 
@@ -17,6 +16,8 @@ def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
 
 
 def test_publish_subscribe_snapshot_commands(server: ServerProcess) -> None:
+    first = cli("publish", server.ws_url, "/c/l", "first", "--field", "k=v")
+    assert first.stdout.strip() == "NO_SUBSCRIBER", first.stderr
     sub = subprocess.Popen(
         [*CLI, "subscribe", server.ws_url, "/c/l", "--json", "--count", "3"],
         stdout=subprocess.PIPE,
@@ -24,16 +25,14 @@ def test_publish_subscribe_snapshot_commands(server: ServerProcess) -> None:
         text=True,
     )
     try:
-        assert cli("publish", server.ws_url, "/c/l", "first", "--field", "k=v").stdout.strip() in (
-            "OK",
-            "NO_SUBSCRIBER",
-        )
-        time.sleep(1.5)  # let the subscriber connect; it then gets the snapshot first
+        assert sub.stdout is not None
+        snapshot_line = sub.stdout.readline()  # subscribed: the snapshot came first
         assert cli("publish", server.ws_url, "/c/l", "second").stdout.strip() == "OK"
         assert cli("publish", server.http_url, "/c/l", "thïrd", "-f", "x=1").stdout.strip() == "OK"
-        out, err = sub.communicate(timeout=20)
+        rest, err = sub.communicate(timeout=20)
     finally:
         sub.kill()
+    out = snapshot_line + rest
     lines = [json.loads(line) for line in out.splitlines()]
     assert [m["type"] for m in lines] == ["SNAPSHOT", "UPDATE", "UPDATE"], err
     assert [m["content"] for m in lines] == ["first", "second", "thïrd"]

@@ -103,12 +103,11 @@ class RawWs:
                 elif n == 127 and len(self.buf) >= 10:
                     n = struct.unpack("!Q", self.buf[2:10])[0]
                     offset = 10
-                if n < 126 or offset > 2:
-                    if len(self.buf) >= offset + n:
-                        opcode = self.buf[0] & 0x0F
-                        payload = self.buf[offset : offset + n]
-                        self.buf = self.buf[offset + n :]
-                        return opcode, payload
+                if (n < 126 or offset > 2) and len(self.buf) >= offset + n:
+                    opcode = self.buf[0] & 0x0F
+                    payload = self.buf[offset : offset + n]
+                    self.buf = self.buf[offset + n :]
+                    return opcode, payload
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionError("closed")
