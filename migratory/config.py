@@ -195,6 +195,16 @@ def _parse_path(text: str) -> str:
     return text.strip()
 
 
+def _parse_workers(text: str) -> int:
+    """``auto`` (0 here: one per core, resolved at start) or a number of processes."""
+    value = text.strip()
+    if value.lower() == "auto":
+        return 0
+    if not value.isdigit() or not 1 <= int(value) <= 256:
+        raise ValueError(f"expected auto or a number of processes from 1 to 256, got {text!r}")
+    return int(value)
+
+
 def _parse_entitlement(text: str) -> str:
     value = text.strip()
     if value.lower() != "none":
@@ -224,6 +234,14 @@ class Config:
         parse_endpoints,
         "Plain listeners (ws:// and http:// on the same port), comma-separated addr:port; * means every interface.",
         shown="*:8800",
+    )
+    workers: int = key(
+        "Workers",
+        0,
+        _parse_workers,
+        "Worker processes sharing the listeners: auto (one per CPU core) or a number. "
+        "Each holds its own connections; publications reach the subscribers of all.",
+        shown="auto",
     )
     log_folder: str = key(
         "LogFolder",
@@ -401,6 +419,16 @@ class Config:
     def from_mapping(cls, mapping: Mapping[str, str]) -> Config:
         """Build from ``{"Key": "value"}`` pairs (handy in tests and embedding)."""
         return cls.from_text("\n".join(f"{k} = {v}" for k, v in mapping.items()), "<mapping>")
+
+    @property
+    def worker_count(self) -> int:
+        """``Workers`` resolved: ``auto`` is the number of CPU cores this process may use."""
+        if self.workers:
+            return self.workers
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # pragma: no cover - not Linux
+            return max(1, os.cpu_count() or 1)
 
     def check(self) -> None:
         """Cross-key checks; raise ValueError as ``Key: what is wrong``."""

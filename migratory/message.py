@@ -102,6 +102,25 @@ class SnapshotStore:
         self._snapshots[message.subject] = snapshot
         return snapshot
 
+    def observe(self, subject: str, seq: int) -> None:
+        """Record a sequence number assigned elsewhere (a replica following its coordinator)."""
+        if seq > self._seqs.get(subject, 0):
+            self._seqs[subject] = seq
+
+    def last_seq(self, subject: str) -> int:
+        return self._seqs.get(subject, 0)
+
+    def sequenced_subjects(self) -> list[str]:
+        """Every subject that has a sequence number (published at least once)."""
+        return list(self._seqs)
+
+    def restore(self, subject: str, seq: int, snapshot: Snapshot | None) -> None:
+        """Adopt state from a peer's replica when it is newer than ours."""
+        self.observe(subject, seq)
+        current = self._snapshots.get(subject)
+        if snapshot is not None and (current is None or snapshot.seq > current.seq):
+            self._snapshots[subject] = snapshot
+
     def get(self, subject: str) -> Snapshot | None:
         """Return the snapshot of ``subject``, or ``None`` if it has none."""
         return self._snapshots.get(subject)

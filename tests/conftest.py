@@ -76,7 +76,9 @@ def write_conf(folder: Path, host: str, port: int, extra: dict[str, str] | None 
         f"LogFolder = {folder / 'logs'}",
         f"StateFolder = {folder / 'state'}",
     ]
-    lines += [f"{k} = {v}" for k, v in (extra or {}).items()]
+    extra = dict(extra or {})
+    extra.setdefault("Workers", "1")  # multi-worker behaviour has its own tests (test_workers.py)
+    lines += [f"{k} = {v}" for k, v in extra.items()]
     conf = folder / "migratorydata.conf"
     conf.write_text("\n".join(lines) + "\n")
     return conf

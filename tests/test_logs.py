@@ -30,7 +30,36 @@ def test_rotation_drops_only_beyond_max_files(tmp_path: Path) -> None:
     for i in range(1000):
         writer.write({"n": i})
     writer.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.log", "m.log.1", "m.log.2"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["m.log", "m.log.1", "m.log.2"]
+
+
+def _writer_process(folder: str, tag: str) -> None:
+    writer = JsonLineWriter(folder, "access.log", max_bytes=20000, max_files=1000)
+    for i in range(3000):
+        writer.write({"w": tag, "n": i, "pad": "x" * (i % 50)})
+        if i % 100 == 0:
+            writer.flush()
+    writer.close()
+
+
+def test_several_processes_share_a_file_and_its_rotation(tmp_path: Path) -> None:
+    """Workers append to one access.log: no line is split, lost or duplicated."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    procs = [context.Process(target=_writer_process, args=(str(tmp_path), tag)) for tag in "abc"]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    seen: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+    for path in tmp_path.glob("access.log*"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)  # a split line would not parse
+            seen[record["w"]].append(record["n"])
+    for numbers in seen.values():
+        assert sorted(numbers) == list(range(3000))
 
 
 def test_timestamp_format() -> None:

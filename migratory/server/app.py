@@ -1,26 +1,38 @@
-"""Run one server process: bind listeners, serve until SIGTERM/SIGINT, shut down cleanly."""
+"""Run the server: bind listeners, start the worker processes, serve, shut down cleanly.
+
+With one worker the server is a single process. With more, this process is a
+supervisor in the manner of nginx and gunicorn: it binds every listener once
+(``SO_REUSEPORT``, one socket per worker so the kernel spreads connections), forks
+the workers, restarts any worker that dies, forwards SIGTERM/SIGINT (clean
+shutdown) and SIGHUP, and never touches client traffic itself.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import logging.handlers
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from migratory.config import Config, Endpoint
-from migratory.logs import JsonFormatter, JsonLineWriter
+from migratory.logs import JsonLineHandler, JsonLineWriter
+from migratory.server.bus import Bus
 from migratory.server.connection import Connection
 from migratory.server.engine import Engine
 
-__all__ = ["bind_socket", "next_epoch", "run", "serve"]
+__all__ = ["Listener", "bind_socket", "next_epoch", "run", "serve"]
 
 log = logging.getLogger("migratory.server")
+
+Listener = tuple[Endpoint, socket.socket, str]
 
 
 def next_epoch(state_folder: str) -> int:
@@ -80,15 +92,10 @@ def _setup_logging(config: Config) -> None:
     root = logging.getLogger("migratory")
     root.setLevel(config.log_level.value)
     root.handlers.clear()
-    folder = Path(config.log_folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    file_handler = logging.handlers.RotatingFileHandler(
-        folder / "server.log", maxBytes=config.log_max_file_size, backupCount=config.log_max_files
-    )
-    file_handler.setFormatter(JsonFormatter())
-    root.addHandler(file_handler)
+    writer = JsonLineWriter(config.log_folder, "server.log", config.log_max_file_size, config.log_max_files)
+    root.addHandler(JsonLineHandler(writer))
     console = logging.StreamHandler(sys.stderr)
-    console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(process)d] %(message)s"))
     root.addHandler(console)
 
 
@@ -96,74 +103,171 @@ def _factory(engine: Engine, listener: str, scheme: str) -> Callable[[], Connect
     return lambda: Connection(engine, listener, scheme)
 
 
-async def serve(config: Config, sockets: list[tuple[Endpoint, socket.socket, str]], stop: asyncio.Event) -> None:
-    """Serve on already-bound sockets until ``stop`` is set."""
+async def serve(
+    config: Config,
+    sockets: list[Listener],
+    stop: asyncio.Event,
+    *,
+    epoch: int | None = None,
+    worker: int = 0,
+    workers: int = 1,
+    run_dir: str = "",
+    incarnation: int = 0,
+) -> None:
+    """Serve on already-bound sockets until ``stop`` is set (one worker's life)."""
     loop = asyncio.get_running_loop()
-    epoch = next_epoch(config.state_folder)
-    writers = []
+    if epoch is None:
+        epoch = next_epoch(config.state_folder)
     access = message = None
     if config.access_log:
         access = JsonLineWriter(config.log_folder, "access.log", config.log_max_file_size, config.log_max_files)
-        writers.append(access)
     if config.message_log:
         message = JsonLineWriter(config.log_folder, "message.log", config.log_max_file_size, config.log_max_files)
-        writers.append(message)
-    engine = Engine(config, epoch, loop, access, message)
+    engine = Engine(config, epoch, loop, access, message, worker=worker, workers=workers, incarnation=incarnation)
+    if workers > 1:
+        engine.bus = Bus(worker, workers, run_dir, engine.on_bus_frame, engine.on_link_up)
+        await engine.bus.start()
     engine.start()
     servers = []
     for endpoint, sock, scheme in sockets:
         listener = str(endpoint)
-        server = await loop.create_server(_factory(engine, listener, scheme), sock=sock)
-        servers.append(server)
-        log.info("listening on %s (%s)", listener, scheme, extra={"data": {"listener": listener}})
-    log.info("server started, epoch %d, pid %d", epoch, os.getpid())
+        servers.append(await loop.create_server(_factory(engine, listener, scheme), sock=sock))
+    log.info(
+        "worker %d/%d serving %s, epoch %d",
+        worker,
+        workers,
+        ", ".join(str(e) for e, _, _ in sockets),
+        epoch,
+        extra={"data": {"worker": worker, "epoch": epoch}},
+    )
     await stop.wait()
-    log.info("shutting down")
     for server in servers:
         server.close()
     await engine.shutdown()
+    if engine.bus is not None:
+        await engine.bus.close()
     for server in servers:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), 1.0)
-    log.info("stopped")
+    log.info("worker %d stopped", worker)
+
+
+def _run_loop(main: Callable[[], asyncio.Future[None] | object]) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(main())  # type: ignore[arg-type]
+        return
+    uvloop.run(main())  # type: ignore[arg-type]
+
+
+def _worker_main(config: Config, sockets: list[Listener], **kwargs: object) -> None:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, sockets, stop, **kwargs)  # type: ignore[arg-type]
+
+    _run_loop(main)
 
 
 def run(config: Config, config_path: str = "") -> int:
     """Foreground entry point of ``migratory serve``; returns the exit code."""
     try:
         _setup_logging(config)
+        epoch = next_epoch(config.state_folder)
     except OSError as exc:
-        print(f"{config_path}: LogFolder: cannot write logs: {exc}", file=sys.stderr)
+        print(f"{config_path}: cannot write logs or state: {exc}", file=sys.stderr)
         return 2
-    sockets: list[tuple[Endpoint, socket.socket, str]] = []
+    workers = config.worker_count
+    per_worker: list[list[Listener]] = [[] for _ in range(workers)]
     try:
         for endpoint in config.listen:
-            sockets.append((endpoint, bind_socket(endpoint), "ws"))
+            for index in range(workers):
+                per_worker[index].append((endpoint, bind_socket(endpoint, reuse_port=workers > 1), "ws"))
     except OSError as exc:
         log.error("cannot listen on %s: %s", endpoint, exc.strerror or exc)
-        for _, sock, _ in sockets:
-            sock.close()
         return 1
+    log.info("server starting: epoch %d, %d worker(s), pid %d", epoch, workers, os.getpid())
+    if workers == 1:
+        _worker_main(config, per_worker[0], epoch=epoch)
+        log.info("server stopped")
+        return 0
+    return _supervise(config, per_worker, epoch)
+
+
+def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> int:
+    workers = len(per_worker)
+    run_dir = tempfile.mkdtemp(prefix="migratory-")
+    children: dict[int, int] = {}
+    stopping = False
+    started: dict[int, float] = {}
+
+    def spawn(index: int, incarnation: int) -> None:
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGHUP, signal.SIG_DFL)
+                for other, listeners in enumerate(per_worker):
+                    if other != index:
+                        for _, sock, _ in listeners:
+                            sock.close()
+                _worker_main(
+                    config,
+                    per_worker[index],
+                    epoch=epoch,
+                    worker=index,
+                    workers=workers,
+                    run_dir=run_dir,
+                    incarnation=incarnation,
+                )
+            except BaseException:
+                log.exception("worker %d failed", index)
+                code = 1
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        children[pid] = index
+        started[index] = time.monotonic()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            stopping = True
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM if signum != signal.SIGHUP else signal.SIGHUP)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    incarnations = [0] * workers
+    for index in range(workers):
+        spawn(index, 0)
     try:
-        import uvloop
-
-        use_uvloop = True
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        use_uvloop = False
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(config, sockets, stop)
-
-    try:
-        if use_uvloop:
-            uvloop.run(main())
-        else:  # pragma: no cover
-            asyncio.run(main())
-    except OSError as exc:
-        log.error("%s", exc)
-        return 1
+        while children:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            index = children.pop(pid, -1)
+            if index < 0 or stopping:
+                continue
+            how = (
+                f"signal {-os.waitstatus_to_exitcode(status)}"
+                if os.WIFSIGNALED(status)
+                else f"code {os.waitstatus_to_exitcode(status)}"
+            )
+            log.warning("worker %d (pid %d) died with %s; restarting it", index, pid, how)
+            if time.monotonic() - started.get(index, 0.0) < 1.0:
+                time.sleep(1.0)  # do not spin on a worker that dies at start
+            incarnations[index] += 1
+            if not stopping:
+                spawn(index, incarnations[index])
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    log.info("server stopped")
     return 0

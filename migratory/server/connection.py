@@ -20,7 +20,7 @@ from typing import Any, cast
 from migratory import protocol as p
 from migratory.http import HttpError, Request, json_response, parse_request_head, response
 from migratory.message import Message, QoS
-from migratory.server.engine import Engine, Origin
+from migratory.server.engine import Engine, Origin, PublishResult
 from migratory.websocket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -44,9 +44,10 @@ __all__ = ["Connection"]
 
 _HEAD = 0
 _BODY = 1
-_WS = 2
-_CLOSING = 3
-_CLOSED = 4
+_WAIT = 2  # an HTTP request is being answered (a publish waits for its coordinator)
+_WS = 3
+_CLOSING = 4
+_CLOSED = 5
 
 
 class Connection(asyncio.Protocol):
@@ -192,6 +193,9 @@ class Connection(asyncio.Protocol):
             self._ws_received(data)
         elif self.state < _WS:
             self.inbuf += data
+            if len(self.inbuf) > self.engine.config.max_header_size + self.engine.max_message_size:
+                self._http_error(413, "too much pipelined input while a request is answered")
+                return
             self._http_received()
 
     def eof_received(self) -> bool | None:
@@ -281,6 +285,9 @@ class Connection(asyncio.Protocol):
     def on_timer(self, now: float) -> None:
         engine = self.engine
         config = engine.config
+        if self.state == _WAIT:
+            engine.schedule(self, now + 1.0)
+            return
         if self.state < _WS:
             if now >= self.deadline:
                 engine.deny(
@@ -314,7 +321,7 @@ class Connection(asyncio.Protocol):
     def _http_received(self) -> None:
         from migratory.server import httpapi
 
-        while self.state < _WS and self.inbuf:
+        while self.state < _WAIT and self.inbuf:
             if self.state == _HEAD:
                 end = self.inbuf.find(b"\r\n\r\n")
                 limit = self.engine.config.max_header_size
@@ -361,23 +368,30 @@ class Connection(asyncio.Protocol):
             body = self.inbuf[:length]
             self.inbuf = self.inbuf[length:]
             self.request = None
-            self.state = _HEAD
-            self.deadline = self.engine.loop.time() + self.engine.config.handshake_timeout / 1000.0
-            status, payload = httpapi.handle(self.engine, self, request, body)
-            keep = request.keep_alive
-            self.send(payload if isinstance(payload, bytes) else b"")
-            self.engine.access(
-                "http",
-                self,
-                method=request.method,
-                path=request.path,
-                status=status,
-                subject=request.query.get("subject"),
-                bytes_out=len(payload),
-            )
-            if not keep:
-                self.close("http_done")
-                return
+            self.state = _WAIT
+            httpapi.handle(self.engine, self, request, body, self._respond)
+
+    def _respond(self, request: Request, status: int, payload: bytes) -> None:
+        """Send one HTTP response, then go on with any pipelined request."""
+        if self.state != _WAIT:
+            return  # the connection closed while the answer was being prepared
+        self.send(payload)
+        self.engine.access(
+            "http",
+            self,
+            method=request.method,
+            path=request.path,
+            status=status,
+            subject=request.query.get("subject"),
+            bytes_out=len(payload),
+        )
+        if not request.keep_alive:
+            self.close("http_done")
+            return
+        self.state = _HEAD
+        self.deadline = self.engine.loop.time() + self.engine.config.handshake_timeout / 1000.0
+        if self.inbuf:
+            self._http_received()
 
     def _http_error(self, status: int, reason: str, *, reason_code: str = "bad_request") -> None:
         self.engine.deny(self.origin(), "http", reason_code, reason)
@@ -498,7 +512,12 @@ class Connection(asyncio.Protocol):
         if isinstance(msg, p.Publish):
             if not self.session_ready():
                 return
-            result = engine.publish(
+            closure = msg.closure
+
+            def reply(result: PublishResult) -> None:
+                self.send(build_frame(OP_BINARY, p.encode_publish_status(result.status, closure, result.reason)))
+
+            engine.publish(
                 Message(
                     msg.subject,
                     msg.content,
@@ -508,9 +527,9 @@ class Connection(asyncio.Protocol):
                     msg.closure,
                 ),
                 self.origin(),
+                reply,
                 received,
             )
-            self.send(build_frame(OP_BINARY, p.encode_publish_status(result.status, msg.closure, result.reason)))
         elif isinstance(msg, p.Subscribe):
             if not self.session_ready():
                 return

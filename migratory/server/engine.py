@@ -18,22 +18,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from migratory.bus import BusFrame, Forward, ForwardStatus, Interest, Published, SyncSubject, owner
 from migratory.config import Config
 from migratory.conflation import ConflationBuffer, next_boundary, round_conflation
 from migratory.logs import JsonLineWriter
-from migratory.message import Message, QoS, SnapshotStore
+from migratory.message import Message, QoS, Snapshot, SnapshotStore
 from migratory.protocol import Status, encode_delivery
 from migratory.subjects import InvalidSubject, check_subject
 from migratory.subscriptions import SubscriptionIndex
 from migratory.websocket import OP_BINARY, build_frame
 
 if TYPE_CHECKING:
+    from migratory.server.bus import Bus
     from migratory.server.connection import Connection
 
 __all__ = ["Authorizer", "Engine", "Origin", "PublishResult", "Stats"]
@@ -60,6 +63,15 @@ class PublishResult:
     reason_code: str = ""
     recipients: int = 0
     seq: int = 0
+
+
+Reply = Callable[["PublishResult"], None]
+FORWARD_TIMEOUT = 10.0
+
+
+def _origin_fields(origin: Origin) -> dict[str, str]:
+    """The publisher's identity as it travels over the bus and into message.log."""
+    return {"addr": origin.addr, "port": str(origin.port), "session": origin.session, "protocol": origin.protocol}
 
 
 class Authorizer(Protocol):
@@ -109,8 +121,17 @@ class Engine:
         loop: asyncio.AbstractEventLoop,
         access_log: JsonLineWriter | None = None,
         message_log: JsonLineWriter | None = None,
+        worker: int = 0,
+        workers: int = 1,
+        incarnation: int = 0,
     ) -> None:
         self.config = config
+        self.worker = worker
+        self.workers = workers
+        self.bus: Bus | None = None
+        self.peer_interest: dict[str, dict[int, int]] = {}
+        self._forwards: dict[int, tuple[Reply, float]] = {}
+        self._forward_ids = 0
         self.loop = loop
         self.epoch = epoch
         self.store = SnapshotStore(epoch)
@@ -126,6 +147,8 @@ class Engine:
         self.max_pending = config.max_pending_output
         self.drop_slow = config.slow_consumer_policy.value == "Drop"
         self._sessions = 0
+        # a restarted worker keeps its index but must not reuse its predecessor's session ids
+        self._session_prefix = f"{epoch}-{worker}." + str(incarnation) if incarnation else f"{epoch}-{worker}"
         self._dirty: list[Connection] = []
         self._flush_armed = False
         self._batch_dirty: list[Connection] = []
@@ -146,7 +169,7 @@ class Engine:
 
     def new_session(self) -> str:
         self._sessions += 1
-        return f"{self.epoch}-{self._sessions}"
+        return f"{self._session_prefix}-{self._sessions}"
 
     def register(self, conn: Connection) -> None:
         self.connections.add(conn)
@@ -156,6 +179,7 @@ class Engine:
         self.connections.discard(conn)
         for subject in conn.subscriptions:
             self.index.remove(subject, conn)
+            self._interest_changed(subject)
         conn.subscriptions.clear()
 
     async def shutdown(self, timeout: float = 2.0) -> None:
@@ -219,6 +243,8 @@ class Engine:
         for writer in (self.access_log, self.message_log):
             if writer is not None:
                 writer.flush()
+        if self._forwards:
+            self._expire_forwards(now)
         for callback in self.on_tick:
             callback()
         if not self._closed:
@@ -251,6 +277,7 @@ class Engine:
         period = round_conflation(conflation_ms)
         self.index.add(subject, conn, period)
         conn.subscriptions[subject] = period
+        self._interest_changed(subject)
         self.access("subscribe", conn, subject=subject, conflation_ms=period)
         return Status.OK, ""
 
@@ -282,30 +309,76 @@ class Engine:
         if conn.subscriptions.pop(subject, None) is None:
             return False
         self.index.remove(subject, conn)
+        self._interest_changed(subject)
         self.access("unsubscribe", conn, subject=subject)
         return True
 
     # --- publish --------------------------------------------------------------------
 
-    def publish(self, message: Message, origin: Origin, received_ns: int | None = None) -> PublishResult:
-        """Check, number, snapshot and fan out one publication."""
+    def publish(self, message: Message, origin: Origin, reply: Reply, received_ns: int | None = None) -> None:
+        """Check one publication and have its subject's coordinator sequence it.
+
+        ``reply`` gets the outcome: at once when refused or coordinated here, or when
+        the coordinating worker answers over the bus.
+        """
         start = received_ns if received_ns is not None else time.perf_counter_ns()
         self.stats.messages_in += 1
         self.stats.bytes_in += len(message.content)
         reason = self.check_subject(message.subject)
         if reason is not None:
             self.deny(origin, "publish", "invalid_subject", reason, message.subject)
-            return PublishResult(Status.INVALID_SUBJECT, reason, "invalid_subject")
+            reply(PublishResult(Status.INVALID_SUBJECT, reason, "invalid_subject"))
+            return
         if len(message.content) > self.max_message_size:
             reason = f"content of {len(message.content)} bytes exceeds MessageSizeLimit ({self.max_message_size})"
             self.deny(origin, "publish", "message_too_big", reason, message.subject)
-            return PublishResult(Status.TOO_LARGE, reason, "message_too_big")
+            reply(PublishResult(Status.TOO_LARGE, reason, "message_too_big"))
+            return
         denial = self.authorizer.check_publish(origin, message.subject)
         if denial is not None:
             self.deny(origin, "publish", denial[0], denial[1], message.subject)
-            return PublishResult(Status.DENIED, denial[1], denial[0])
+            reply(PublishResult(Status.DENIED, denial[1], denial[0]))
+            return
+        coordinator = owner(message.subject, self.workers)
+        if coordinator == self.worker or self.bus is None:
+            reply(self.sequence(message, _origin_fields(origin), start))
+            return
+        self._forward_ids += 1
+        request = self._forward_ids
+        frame = Forward(
+            request,
+            message.subject,
+            message.content,
+            message.fields,
+            message.retained,
+            message.qos == QoS.GUARANTEED,
+            _origin_fields(origin),
+        )
+        if not self.bus.send(coordinator, frame, queue_if_down=True):
+            reply(PublishResult(Status.FAILED, "the coordinating worker is unavailable"))
+            return
+        self._forwards[request] = (reply, self.loop.time() + FORWARD_TIMEOUT)
+
+    def sequence(self, message: Message, origin: Mapping[str, str], start: int) -> PublishResult:
+        """Coordinator: number, snapshot, deliver here, broadcast to the other workers, log."""
         seq = self.accept(message)
-        recipients, out_bytes = self.deliver(message, seq, self.epoch)
+        recipients, frame_size = self.deliver(message, seq, self.epoch)
+        if self.bus is not None:
+            published = Published(
+                message.subject,
+                message.content,
+                message.fields,
+                seq,
+                self.epoch,
+                message.retained,
+                message.qos == QoS.GUARANTEED,
+            )
+            self.bus.broadcast(published)
+            remote = self.peer_interest.get(message.subject)
+            if remote:
+                recipients += sum(remote.values())
+        if recipients and not frame_size:
+            frame_size = len(message.content) + len(message.subject) + 16
         status = Status.OK if recipients else Status.NO_SUBSCRIBER
         if self.message_log is not None and (
             self.config.message_log_sampling >= 1.0 or random.random() < self.config.message_log_sampling
@@ -316,15 +389,13 @@ class Engine:
                     "subject": message.subject,
                     "size": len(message.content),
                     "fields": len(message.fields),
-                    "addr": origin.addr,
-                    "port": origin.port,
-                    "session": origin.session,
-                    "protocol": origin.protocol,
+                    **origin,
+                    "port": int(origin.get("port", "0")),
                     "qos": "guaranteed" if message.qos == QoS.GUARANTEED else "standard",
                     "retained": message.retained,
                     "status": status.name,
                     "recipients": recipients,
-                    "bytes_out": out_bytes,
+                    "bytes_out": recipients * frame_size,
                     "latency_us": (time.perf_counter_ns() - start) // 1000,
                     "seq": seq,
                     "epoch": self.epoch,
@@ -333,6 +404,86 @@ class Engine:
             )
         return PublishResult(status, "", "", recipients, seq)
 
+    # --- the bus between workers ------------------------------------------------------
+
+    def on_bus_frame(self, frame: BusFrame, peer: int) -> None:
+        if isinstance(frame, Published):
+            message = Message(
+                frame.subject,
+                frame.content,
+                frame.fields,
+                frame.retained,
+                QoS.GUARANTEED if frame.guaranteed else QoS.STANDARD,
+            )
+            self.store.observe(frame.subject, frame.seq)
+            self.store.apply(message, frame.seq)
+            self.deliver(message, frame.seq, frame.epoch)
+        elif isinstance(frame, Forward):
+            message = Message(
+                frame.subject,
+                frame.content,
+                frame.fields,
+                frame.retained,
+                QoS.GUARANTEED if frame.guaranteed else QoS.STANDARD,
+            )
+            result = self.sequence(message, frame.origin, time.perf_counter_ns())
+            if self.bus is not None:
+                self.bus.send(peer, ForwardStatus(frame.request, result.status, result.seq, result.reason))
+        elif isinstance(frame, ForwardStatus):
+            waiting = self._forwards.pop(frame.request, None)
+            if waiting is not None:
+                waiting[0](PublishResult(Status(frame.status), frame.reason, "", 0, frame.seq))
+        elif isinstance(frame, Interest):
+            counts = self.peer_interest.setdefault(frame.subject, {})
+            if frame.count:
+                counts[peer] = frame.count
+            else:
+                counts.pop(peer, None)
+                if not counts:
+                    del self.peer_interest[frame.subject]
+        elif isinstance(frame, SyncSubject):
+            snapshot = (
+                Snapshot(frame.subject, frame.content, dict(frame.fields), frame.snapshot_seq, self.epoch)
+                if frame.has_snapshot
+                else None
+            )
+            self.store.restore(frame.subject, frame.seq, snapshot)
+
+    def on_link_up(self, peer: int) -> None:
+        """A (re)started peer: send it our whole state before anything else."""
+        if self.bus is None:
+            return
+        for subject in self.store.sequenced_subjects():
+            snapshot = self.store.get(subject)
+            self.bus.send(
+                peer,
+                SyncSubject(
+                    subject,
+                    self.store.last_seq(subject),
+                    snapshot is not None,
+                    snapshot.content if snapshot is not None else b"",
+                    snapshot.fields if snapshot is not None else {},
+                    snapshot.seq if snapshot is not None else 0,
+                ),
+            )
+        for subject in self.index.subjects():
+            self.bus.send(peer, Interest(subject, self.index.count(subject)))
+        # a peer that restarted lost its subscribers: forget what it had told us
+        for counts in self.peer_interest.values():
+            counts.pop(peer, None)
+        for subject in [s for s, c in self.peer_interest.items() if not c]:
+            del self.peer_interest[subject]
+
+    def _interest_changed(self, subject: str) -> None:
+        if self.bus is not None:
+            self.bus.broadcast(Interest(subject, self.index.count(subject)))
+
+    def _expire_forwards(self, now: float) -> None:
+        for request, (reply, deadline) in list(self._forwards.items()):
+            if deadline <= now:
+                del self._forwards[request]
+                reply(PublishResult(Status.FAILED, "no answer from the coordinating worker"))
+
     def accept(self, message: Message) -> int:
         """Coordinator step: give the message its sequence number and fold it into the snapshot."""
         seq = self.store.next_seq(message.subject)
@@ -340,12 +491,12 @@ class Engine:
         return seq
 
     def deliver(self, message: Message, seq: int, epoch: int) -> tuple[int, int]:
-        """Queue one message for every local subscriber; return (recipients, bytes queued)."""
+        """Queue one message for every local subscriber; return (recipients, frame size)."""
         entry = self.index.get(message.subject)
         if entry is None:
             return 0, 0
         recipients = 0
-        out_bytes = 0
+        frame_size = 0
         if entry.plain:
             frame = build_frame(
                 OP_BINARY,
@@ -362,7 +513,8 @@ class Engine:
             for conn in entry.plain:
                 conn.send(frame)
             recipients = len(entry.plain)
-            out_bytes = recipients * len(frame)
+            frame_size = len(frame)
+            self.stats.bytes_out += recipients * frame_size
         for period, members in entry.conflated.items():
             buffer = self._conflation.get(period)
             if buffer is None:
@@ -372,8 +524,7 @@ class Engine:
                 self._arm_conflation(period)
             recipients += len(members)
         self.stats.messages_out += recipients
-        self.stats.bytes_out += out_bytes
-        return recipients, out_bytes
+        return recipients, frame_size
 
     def _arm_conflation(self, period: int) -> None:
         self._conflation_armed.add(period)
@@ -443,6 +594,9 @@ class Engine:
         return {
             "status": "ok",
             "epoch": self.epoch,
+            "worker": self.worker,
+            "pid": os.getpid(),
+            "workers": self.workers,
             "subjects": len(self.store),
             **self.stats.as_dict(),
         }

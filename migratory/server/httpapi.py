@@ -13,13 +13,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from migratory.config import parse_bool
 from migratory.http import Request, json_response, response
 from migratory.message import Message
 from migratory.protocol import Status
-from migratory.server.engine import Engine
+from migratory.server.engine import Engine, PublishResult
 
 if TYPE_CHECKING:
     from migratory.server.connection import Connection
@@ -36,21 +37,33 @@ _PUBLISH_HTTP_STATUS = {
 }
 
 
-def handle(engine: Engine, conn: Connection, request: Request, body: bytes) -> tuple[int, bytes]:
-    """Answer one request; returns (HTTP status, complete response bytes)."""
+Respond = Callable[[Request, int, bytes], None]
+
+
+def handle(engine: Engine, conn: Connection, request: Request, body: bytes, respond: Respond) -> None:
+    """Answer one request through ``respond(request, status, response bytes)``.
+
+    Most answers are immediate; a publish answers once its subject's coordinating
+    worker has sequenced it.
+    """
     keep = request.keep_alive
     path = request.path.rstrip("/") or "/"
-    if path == "/snapshot":
-        if request.method not in ("GET", "HEAD"):
-            return _error(405, "use GET for /snapshot", keep)
-        return _snapshot(engine, conn, request, keep)
     if path == "/publish":
         if request.method != "POST":
-            return _error(405, "use POST for /publish", keep)
-        return _publish(engine, conn, request, body, keep)
-    if path == "/health":
-        return 200, json_response(200, engine.health(), keep_alive=keep)
-    return _error(404, f"no such endpoint: {request.path}", keep)
+            respond(request, *_error(405, "use POST for /publish", keep))
+            return
+        _publish(engine, conn, request, body, keep, respond)
+        return
+    if path == "/snapshot":
+        if request.method not in ("GET", "HEAD"):
+            answer = _error(405, "use GET for /snapshot", keep)
+        else:
+            answer = _snapshot(engine, conn, request, keep)
+    elif path == "/health":
+        answer = 200, json_response(200, engine.health(), keep_alive=keep)
+    else:
+        answer = _error(404, f"no such endpoint: {request.path}", keep)
+    respond(request, *answer)
 
 
 def _error(status: int, reason: str, keep: bool) -> tuple[int, bytes]:
@@ -103,7 +116,16 @@ def _with_token(origin: Any, token: str) -> Any:
     return replace(origin, token=token)
 
 
-def _publish(engine: Engine, conn: Connection, request: Request, body: bytes, keep: bool) -> tuple[int, bytes]:
+def _publish(engine: Engine, conn: Connection, request: Request, body: bytes, keep: bool, respond: Respond) -> None:
+    answer = _publish_checked(engine, conn, request, body, keep, respond)
+    if answer is not None:
+        respond(request, *answer)
+
+
+def _publish_checked(
+    engine: Engine, conn: Connection, request: Request, body: bytes, keep: bool, respond: Respond
+) -> tuple[int, bytes] | None:
+    """Validate the request; returns an error answer, or None once the publish is under way."""
     origin = conn.origin()
     if "token" in request.query:
         origin = _with_token(origin, request.query["token"])
@@ -145,9 +167,13 @@ def _publish(engine: Engine, conn: Connection, request: Request, body: bytes, ke
         retained = True if retained_text is None else parse_bool(retained_text)
     except ValueError as exc:
         return _error(400, f"retained: {exc}", keep)
-    result = engine.publish(Message(subject, content, fields, retained), origin)
-    status = _PUBLISH_HTTP_STATUS.get(result.status, 400)
-    payload: dict[str, Any] = {"status": result.status.name}
-    if result.reason:
-        payload["error"] = result.reason
-    return status, json_response(status, payload, keep_alive=keep)
+
+    def reply(result: PublishResult) -> None:
+        status = _PUBLISH_HTTP_STATUS.get(result.status, 400)
+        payload: dict[str, Any] = {"status": result.status.name}
+        if result.reason:
+            payload["error"] = result.reason
+        respond(request, status, json_response(status, payload, keep_alive=keep))
+
+    engine.publish(Message(subject, content, fields, retained), origin, reply)
+    return None
