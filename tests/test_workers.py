@@ -1,0 +1,134 @@
+"""Several worker processes on one node: spreading, cross-worker delivery, supervision."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from migratory.client import ClientMessage, MigratoryClient
+from migratory.message import MessageType
+from migratory.protocol import Status
+from tests.conftest import ServerProcess
+
+
+def run(coro: object) -> object:
+    return asyncio.run(asyncio.wait_for(coro, 90))  # type: ignore[arg-type]
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()]
+
+
+def health(server: ServerProcess) -> dict[str, object]:
+    with urllib.request.urlopen(server.http_url + "/health", timeout=5) as answer:
+        return dict(json.loads(answer.read()))
+
+
+def test_publications_reach_every_worker_in_order(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory({"Workers": "2"})
+    subjects = [f"/w/s{i}" for i in range(6)]  # spread over both workers' subject groups
+
+    async def scenario() -> None:
+        clients = [MigratoryClient([server.ws_url]) for _ in range(16)]
+        for client in clients:
+            await client.connect()
+        workers = {client.session.split("-")[1] for client in clients}
+        assert workers == {"0", "1"}, "connections were not spread over both workers"
+        for client in clients:
+            assert set((await client.subscribe(subjects)).values()) == {Status.OK}
+        await asyncio.sleep(0.3)  # interest reaches the other worker
+        publishers = clients[:2]  # publish from both workers, for every subject
+        for n in range(30):
+            for subject in subjects:
+                status = await publishers[n % 2].publish(subject, f"{n}".encode(), fields={"n": str(n)})
+                assert status == Status.OK
+        for client in clients:
+            got: dict[str, list[ClientMessage]] = {s: [] for s in subjects}
+            for _ in range(30 * len(subjects)):
+                message = await client.next_message(10)
+                got[message.subject].append(message)
+            for subject in subjects:
+                assert [m.content for m in got[subject]] == [str(n).encode() for n in range(30)]
+                assert [m.seq for m in got[subject]] == list(range(1, 31))
+        # one snapshot per subject for the node, whichever worker answers
+        for _ in range(8):
+            async with MigratoryClient([server.ws_url]) as late:
+                await late.subscribe(subjects[:1])
+                snapshot = await late.next_message(5)
+                assert (snapshot.type, snapshot.content, snapshot.seq) == (MessageType.SNAPSHOT, b"29", 30)
+        for client in clients:
+            await client.close()
+
+    run(scenario())
+    seen_workers = {health(server)["worker"] for _ in range(20)}
+    assert seen_workers == {0, 1}
+    assert server.stop() == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in [server.proc.pid])
+
+
+def test_killed_worker_is_replaced_and_state_survives(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory({"Workers": "2"})
+    subjects = [f"/k/s{i}" for i in range(6)]
+
+    async def scenario() -> None:
+        clients = [MigratoryClient([server.ws_url], backoff_initial=0.05) for _ in range(10)]
+        for client in clients:
+            await client.connect()
+            await client.subscribe(subjects)
+        async with MigratoryClient([server.ws_url]) as publisher:
+            for subject in subjects:
+                assert await publisher.publish(subject, b"before") in (Status.OK, Status.NO_SUBSCRIBER)
+        for client in clients:
+            for _ in subjects:
+                await client.next_message(10)
+        before = children(server.proc.pid)
+        assert len(before) == 2
+        victim = before[1]
+        os.kill(victim, signal.SIGKILL)
+        loop = asyncio.get_running_loop()
+        for _ in range(200):
+            now = await loop.run_in_executor(None, children, server.proc.pid)
+            if len(now) == 2 and victim not in now:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the supervisor did not replace the killed worker")
+        for client in clients:  # clients of the dead worker reconnect and resubscribe
+            for _ in range(300):
+                if client.connected:
+                    break
+                await asyncio.sleep(0.05)
+            assert client.connected
+        await asyncio.sleep(1.0)  # bus links and interest settle
+        async with MigratoryClient([server.ws_url]) as publisher:
+            for subject in subjects:
+                assert await publisher.publish(subject, b"after") == Status.OK
+        for client in clients:
+            got = {}
+            while len(got) < len(subjects):
+                message = await client.next_message(10)
+                if message.content == b"after":
+                    got[message.subject] = message
+            # numbering continued where it was, through the restart
+            assert all(m.seq == 2 for m in got.values()), {s: m.seq for s, m in got.items()}
+            await client.close()
+
+    run(scenario())
+    assert server.stop() == 0
+
+
+def test_sigterm_stops_supervisor_and_workers(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory({"Workers": "3"})
+    workers = children(server.proc.pid)
+    assert len(workers) == 3
+    assert server.stop(signal.SIGTERM) == 0
+    assert not any(
+        Path(f"/proc/{pid}/status").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+        for pid in workers
+    )
