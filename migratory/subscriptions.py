@@ -10,7 +10,35 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["SubjectSubscribers", "SubscriptionIndex"]
+__all__ = ["SubjectSet", "SubjectSubscribers", "SubscriptionIndex", "subject_set_add", "subject_set_remove"]
+
+SubjectSet = list[str] | set[str]
+"""A client's own subjects: a list while small (64 bytes for one, against 184 for a
+dict), a set past ``SMALL_SET`` so membership stays O(1) for big subscribers."""
+
+SMALL_SET = 16
+
+
+def subject_set_add(subjects: SubjectSet, subject: str) -> SubjectSet:
+    """Add ``subject``; returns the container to keep (it may have become a set)."""
+    if isinstance(subjects, set):
+        subjects.add(subject)
+        return subjects
+    if subject not in subjects:
+        subjects.append(subject)
+        if len(subjects) > SMALL_SET:
+            return set(subjects)
+    return subjects
+
+
+def subject_set_remove(subjects: SubjectSet, subject: str) -> bool:
+    """Remove ``subject``; return whether it was there."""
+    try:
+        subjects.remove(subject)
+    except (ValueError, KeyError):
+        return False
+    return True
+
 
 S = TypeVar("S", bound=Hashable)
 

@@ -127,6 +127,15 @@ async def serve(
     if workers > 1:
         engine.bus = Bus(worker, workers, run_dir, engine.on_bus_frame, engine.on_link_up)
         await engine.bus.start()
+        # accept clients only once every peer is linked, so none of their broadcasts is missed
+        ready = asyncio.ensure_future(engine.bus.wait_ready(10.0))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not ready.done():
+            ready.cancel()
+        elif not ready.result():
+            log.warning("worker %d: not every peer worker answered; serving anyway", worker)
     engine.start()
     servers = []
     for endpoint, sock, scheme in sockets:
@@ -204,14 +213,21 @@ def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> 
     stopping = False
     started: dict[int, float] = {}
 
+    handled = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
     def spawn(index: int, incarnation: int) -> None:
+        if stopping:
+            return
+        # Block our signals across fork: the child must not run the supervisor's
+        # handler, and the parent must know the child's pid before forwarding to it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, handled)
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                signal.signal(signal.SIGHUP, signal.SIG_DFL)
+                for sig in handled:
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
                 for other, listeners in enumerate(per_worker):
                     if other != index:
                         for _, sock, _ in listeners:
@@ -233,6 +249,7 @@ def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> 
                 os._exit(code)
         children[pid] = index
         started[index] = time.monotonic()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
 
     def on_signal(signum: int, _frame: object) -> None:
         nonlocal stopping

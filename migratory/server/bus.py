@@ -45,6 +45,7 @@ class _Inbound(asyncio.Protocol):
         for frame in frames:
             if isinstance(frame, b.Hello):
                 self.peer = frame.worker
+                self.bus.inbound_up(frame.worker)
             else:
                 self.bus.on_frame(frame, self.peer)
 
@@ -97,6 +98,24 @@ class Bus:
         self._flush_armed = False
         self._dirty: list[_Peer] = []
         self._closed = False
+        self._inbound: set[int] = set()
+        self._ready = asyncio.Event()
+
+    def inbound_up(self, worker: int) -> None:
+        self._inbound.add(worker)
+        self._check_ready()
+
+    def _check_ready(self) -> None:
+        if len(self._inbound) == len(self.peers) and all(p.up for p in self.peers.values()):
+            self._ready.set()
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait until every peer is linked both ways (so no broadcast is missed)."""
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def path(self, worker: int) -> str:
         return str(self.run_dir / f"w{worker}.sock")
@@ -136,6 +155,7 @@ class Bus:
             for frame in queued:  # ... then the publications that waited for this peer
                 self._write(peer, frame)
             log.info("bus link to worker %d up", peer.index)
+            self._check_ready()
             await writer.lost
             peer.up = False
             peer.writer = None

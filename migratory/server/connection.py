@@ -14,6 +14,7 @@ calls once per loop turn or batching period. Pending output is bounded by
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Any, cast
 
@@ -21,6 +22,7 @@ from migratory import protocol as p
 from migratory.http import HttpError, Request, json_response, parse_request_head, response
 from migratory.message import Message, QoS
 from migratory.server.engine import Engine, Origin, PublishResult
+from migratory.subscriptions import SubjectSet
 from migratory.websocket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -75,7 +77,7 @@ class Connection(asyncio.Protocol):
         "reason",
         "request",
         "scheme",
-        "session",
+        "sid",
         "started",
         "state",
         "subscriptions",
@@ -91,11 +93,11 @@ class Connection(asyncio.Protocol):
         self.state = _HEAD
         self.inbuf = b""
         self.parser: FrameParser | None = None
-        self.pending: list[bytes] | None = None
+        self.pending: bytes | list[bytes] | None = None  # bytes while one item: no list per delivery
         self.pending_bytes = 0
         self.paused = False
-        self.subscriptions: dict[str, int] = {}
-        self.session = ""
+        self.subscriptions: SubjectSet = []
+        self.sid = 0
         self.token = ""
         self.connected = False
         self.hello = False
@@ -113,6 +115,10 @@ class Connection(asyncio.Protocol):
         self.bytes_out = 0
 
     # --- identity ---------------------------------------------------------------------
+
+    @property
+    def session(self) -> str:
+        return self.engine.session_name(self.sid)
 
     @property
     def open(self) -> bool:
@@ -147,10 +153,10 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
-            self.addr = str(peer[0])
+            self.addr = sys.intern(str(peer[0]))  # one string per client address, not per connection
             self.port = int(peer[1])
         engine = self.engine
-        self.session = engine.new_session()
+        self.sid = engine.new_session()
         now = engine.loop.time()
         self.started = self.last_rx = now
         self.deadline = now + engine.config.handshake_timeout / 1000.0
@@ -183,7 +189,7 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
-        if self.pending:
+        if self.pending is not None:
             self.flush()
 
     def data_received(self, data: bytes) -> None:
@@ -208,38 +214,50 @@ class Connection(asyncio.Protocol):
     def send(self, data: bytes) -> None:
         """Queue bytes for the next flush; the engine decides when that happens."""
         pending = self.pending
+        engine = self.engine
         if pending is None:
             if self.state >= _CLOSING:
                 return
-            self.pending = [data]
+            self.pending = data
             self.pending_bytes = len(data)
-            engine = self.engine
-            engine.mark_dirty(self)
-            if engine.batching_size and self.pending_bytes >= engine.batching_size:
-                self.flush()
-            return
-        pending.append(data)
-        self.pending_bytes += len(data)
-        if self.pending_bytes > self.engine.max_pending:
-            self._slow_consumer()
-        elif self.engine.batching_size and self.pending_bytes >= self.engine.batching_size:
+            if engine.batching_time:
+                engine.mark_batch(self)
+            else:
+                engine._dirty.append(self)
+                if not engine._flush_armed:
+                    engine._flush_armed = True
+                    engine.loop.call_soon(engine.flush_dirty)
+        else:
+            if isinstance(pending, bytes):
+                self.pending = [pending, data]
+            else:
+                pending.append(data)
+            self.pending_bytes += len(data)
+            if self.pending_bytes > engine.max_pending:
+                self._slow_consumer()
+                return
+        if engine.batching_size and self.pending_bytes >= engine.batching_size:
             self.flush()
 
     def flush(self) -> None:
         """Write everything pending in one call (unless the kernel asked us to pause)."""
         pending = self.pending
-        if not pending or self.paused or self.transport is None:
+        if pending is None or self.paused or self.transport is None:
             return
         self.pending = None
-        self.msgs_out += len(pending)
         self.bytes_out += self.pending_bytes
         self.pending_bytes = 0
-        self.transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+        if isinstance(pending, bytes):
+            self.msgs_out += 1
+            self.transport.write(pending)
+        else:
+            self.msgs_out += len(pending)
+            self.transport.write(b"".join(pending))
 
     def _slow_consumer(self) -> None:
         engine = self.engine
         if engine.drop_slow:
-            assert self.pending is not None
+            assert isinstance(self.pending, list)
             dropped = self.pending.pop()
             self.pending_bytes -= len(dropped)
             engine.stats.messages_dropped += 1
@@ -435,6 +453,7 @@ class Connection(asyncio.Protocol):
         engine.stats.connections += 1
         engine.stats.connections_total += 1
         self.parser = FrameParser(engine.max_message_size)
+        self.deadline = 0.0  # handshake done: keepalive timers take over
         engine.access("connect", self)
         engine.schedule(self, self.last_rx + engine.config.keep_alive_interval / 1000.0)
         rest = self.inbuf

@@ -32,7 +32,7 @@ from migratory.logs import JsonLineWriter
 from migratory.message import Message, QoS, Snapshot, SnapshotStore
 from migratory.protocol import Status, encode_delivery
 from migratory.subjects import InvalidSubject, check_subject
-from migratory.subscriptions import SubscriptionIndex
+from migratory.subscriptions import SubscriptionIndex, subject_set_add, subject_set_remove
 from migratory.websocket import OP_BINARY, build_frame
 
 if TYPE_CHECKING:
@@ -167,9 +167,13 @@ class Engine:
         """Start the housekeeping tick."""
         self._tick = self.loop.call_later(1.0, self._housekeeping)
 
-    def new_session(self) -> str:
+    def new_session(self) -> int:
+        """A connection number; :meth:`session_name` turns it into the logged session id."""
         self._sessions += 1
-        return f"{self._session_prefix}-{self._sessions}"
+        return self._sessions
+
+    def session_name(self, number: int) -> str:
+        return f"{self._session_prefix}-{number}"
 
     def register(self, conn: Connection) -> None:
         self.connections.add(conn)
@@ -201,18 +205,15 @@ class Engine:
 
     # --- output scheduling ----------------------------------------------------------
 
-    def mark_dirty(self, conn: Connection) -> None:
-        """A connection has output pending: write it at the end of this loop turn."""
-        if self.batching_time:
-            self._batch_dirty.append(conn)
-            if not self._batch_armed:
-                self._batch_armed = True
-                self.loop.call_later(self.batching_time, self._flush_batches)
-            return
-        self._dirty.append(conn)
-        if not self._flush_armed:
-            self._flush_armed = True
-            self.loop.call_soon(self.flush_dirty)
+    # Connection.send registers a connection with output pending in ``_dirty`` itself
+    # (inlined: it runs once per delivery); flush_dirty writes them at the end of the turn.
+
+    def mark_batch(self, conn: Connection) -> None:
+        """With BatchingTime: the connection's output waits for the shared batching timer."""
+        self._batch_dirty.append(conn)
+        if not self._batch_armed:
+            self._batch_armed = True
+            self.loop.call_later(self.batching_time, self._flush_batches)
 
     def flush_dirty(self) -> None:
         self._flush_armed = False
@@ -276,7 +277,7 @@ class Engine:
             return Status.DENIED, denial[1]
         period = round_conflation(conflation_ms)
         self.index.add(subject, conn, period)
-        conn.subscriptions[subject] = period
+        conn.subscriptions = subject_set_add(conn.subscriptions, subject)
         self._interest_changed(subject)
         self.access("subscribe", conn, subject=subject, conflation_ms=period)
         return Status.OK, ""
@@ -306,7 +307,7 @@ class Engine:
         return frame
 
     def unsubscribe(self, conn: Connection, subject: str) -> bool:
-        if conn.subscriptions.pop(subject, None) is None:
+        if not subject_set_remove(conn.subscriptions, subject):
             return False
         self.index.remove(subject, conn)
         self._interest_changed(subject)
@@ -428,7 +429,8 @@ class Engine:
             )
             result = self.sequence(message, frame.origin, time.perf_counter_ns())
             if self.bus is not None:
-                self.bus.send(peer, ForwardStatus(frame.request, result.status, result.seq, result.reason))
+                status = ForwardStatus(frame.request, result.status, result.seq, result.reason)
+                self.bus.send(peer, status, queue_if_down=True)
         elif isinstance(frame, ForwardStatus):
             waiting = self._forwards.pop(frame.request, None)
             if waiting is not None:
@@ -511,7 +513,7 @@ class Engine:
                 ),
             )
             for conn in entry.plain:
-                conn.send(frame)
+                conn.send(frame)  # kept a method call: the queueing rules live in one place
             recipients = len(entry.plain)
             frame_size = len(frame)
             self.stats.bytes_out += recipients * frame_size
