@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -181,6 +182,20 @@ def _worker_main(config: Config, sockets: list[Listener], **kwargs: object) -> N
     _run_loop(main)
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's open-files soft limit to its hard limit; return the limit.
+
+    Every connection is a file descriptor, and the soft limit is often 1024 while
+    the hard limit allows far more; each worker inherits the raised limit.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return int(soft)
+
+
 def run(config: Config, config_path: str = "") -> int:
     """Foreground entry point of ``migratory serve``; returns the exit code."""
     try:
@@ -198,7 +213,14 @@ def run(config: Config, config_path: str = "") -> int:
     except OSError as exc:
         log.error("cannot listen on %s: %s", endpoint, exc.strerror or exc)
         return 1
-    log.info("server starting: epoch %d, %d worker(s), pid %d", epoch, workers, os.getpid())
+    files = raise_open_files_limit()
+    log.info(
+        "server starting: epoch %d, %d worker(s) of at most %d open files each, pid %d",
+        epoch,
+        workers,
+        files,
+        os.getpid(),
+    )
     if workers == 1:
         _worker_main(config, per_worker[0], epoch=epoch)
         log.info("server stopped")
