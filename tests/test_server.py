@@ -494,3 +494,27 @@ def test_access_and_message_logs(server: ServerProcess) -> None:
     (publish,) = [json.loads(line) for line in (server.log_folder / "message.log").read_text().splitlines()]
     assert publish["subject"] == "/l/g" and publish["size"] == 5 and publish["fields"] == 1
     assert publish["recipients"] == 1 and publish["status"] == "OK" and publish["latency_us"] >= 0
+
+
+def test_unsubscribe_and_subscription_limit(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory({"MaxSubscriptionsPerClient": "2"})
+
+    async def scenario() -> None:
+        async with MigratoryClient([server.ws_url]) as client, MigratoryClient([server.ws_url]) as publisher:
+            assert await client.subscribe(["/u/a", "/u/b", "/u/c"]) == {
+                "/u/a": Status.OK,
+                "/u/b": Status.OK,
+                "/u/c": Status.LIMIT_EXCEEDED,
+            }
+            await client.unsubscribe(["/u/a"])
+            await asyncio.sleep(0.2)
+            assert await publisher.publish("/u/a", b"nobody") == Status.NO_SUBSCRIBER
+            assert await client.subscribe(["/u/c"]) == {"/u/c": Status.OK}  # room again
+            binary = bytes(range(256)) * 4
+            assert await publisher.publish("/u/c", binary, fields={"k": "é"}) == Status.OK
+            message = await client.next_message(5)
+            assert (message.subject, message.content, dict(message.fields)) == ("/u/c", binary, {"k": "é"})
+            with pytest.raises(TimeoutError):
+                await client.next_message(0.5)  # nothing was delivered for /u/a
+
+    run(scenario())
