@@ -19,8 +19,11 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/migratory serve -c $(CONF)
 
+LINT_DIRS := $(wildcard migratory cli tests spark tools bench images)
+
 lint: $(STAMP)
-	$(BIN)/ruff check migratory cli tests spark
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/ruff format --check $(LINT_DIRS)
 	$(BIN)/mypy
 
 unit: $(STAMP)

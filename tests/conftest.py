@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -67,6 +68,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # nothing of this server may outlive the test
         return self.proc.returncode
 
 
@@ -96,6 +99,7 @@ def start_server(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,
+        start_new_session=True,  # teardown can kill the supervisor and all its workers at once
     )
     wait_for_port(host, port, proc=proc)
     return ServerProcess(proc, host, port, folder, conf, dict(extra or {}))

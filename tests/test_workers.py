@@ -132,3 +132,25 @@ def test_sigterm_stops_supervisor_and_workers(server_factory: Callable[..., Serv
         Path(f"/proc/{pid}/status").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
         for pid in workers
     )
+
+
+def test_workers_die_with_a_killed_supervisor(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory({"Workers": "2"})
+    workers = children(server.proc.pid)
+    assert len(workers) == 2
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(10)
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in workers), "orphaned workers kept running"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status

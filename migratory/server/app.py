@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import resource
@@ -228,6 +229,18 @@ def run(config: Config, config_path: str = "") -> int:
     return _supervise(config, per_worker, epoch)
 
 
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel send SIGTERM to this worker if the supervisor dies (even by SIGKILL)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> int:
     workers = len(per_worker)
     run_dir = tempfile.mkdtemp(prefix="migratory-")
@@ -236,6 +249,7 @@ def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> 
     started: dict[int, float] = {}
 
     handled = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    supervisor = os.getpid()
 
     def spawn(index: int, incarnation: int) -> None:
         if stopping:
@@ -249,6 +263,7 @@ def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> 
             try:
                 for sig in handled:
                     signal.signal(sig, signal.SIG_DFL)
+                _die_with_parent(supervisor)
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
                 for other, listeners in enumerate(per_worker):
                     if other != index:
