@@ -189,6 +189,17 @@ def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
     return endpoints
 
 
+def _parse_optional_endpoints(text: str) -> tuple[Endpoint, ...]:
+    """Like :func:`parse_endpoints`, where ``none`` (or nothing) disables the listener."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    return parse_endpoints(text)
+
+
+def _parse_text(text: str) -> str:
+    return text.strip()
+
+
 def _parse_path(text: str) -> str:
     if not text.strip():
         raise ValueError("expected a folder path")
@@ -357,6 +368,28 @@ class Config:
         "Folder of the server's persistent state (the epoch counter); relative paths are "
         "relative to the working directory.",
     )
+    monitor_listen: tuple[Endpoint, ...] = key(
+        "MonitorHTTP.Listen",
+        (),
+        _parse_optional_endpoints,
+        "Listeners of the HTTP monitoring service (/stats, /metrics, /health), comma-separated "
+        "addr:port; none disables it. Put it on a LAN address.",
+        shown="none",
+    )
+    monitor_username: str = key(
+        "MonitorHTTP.Username",
+        "",
+        _parse_text,
+        "When set, the monitoring service requires HTTP Basic authentication with this user.",
+        shown="",
+    )
+    monitor_password: str = key(
+        "MonitorHTTP.Password",
+        "",
+        _parse_text,
+        "The password that goes with MonitorHTTP.Username.",
+        shown="",
+    )
     entitlement: str = key(
         "Entitlement",
         "None",
@@ -434,6 +467,8 @@ class Config:
         """Cross-key checks; raise ValueError as ``Key: what is wrong``."""
         if not self.listen:
             raise ValueError("Listen: at least one listener is required")
+        if bool(self.monitor_username) != bool(self.monitor_password):
+            raise ValueError("MonitorHTTP.Password: MonitorHTTP.Username and MonitorHTTP.Password go together")
         if self.batching_size and not self.batching_time:
             raise ValueError(
                 "BatchingSize: needs BatchingTime too (the longest a message may wait for the batch to fill)"

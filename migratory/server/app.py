@@ -29,6 +29,7 @@ from migratory.logs import JsonLineHandler, JsonLineWriter
 from migratory.server.bus import Bus
 from migratory.server.connection import Connection
 from migratory.server.engine import Engine
+from migratory.server.monitor import Monitor, MonitorConnection, SharedCounters
 
 __all__ = ["Listener", "bind_socket", "next_epoch", "run", "serve"]
 
@@ -138,11 +139,16 @@ async def serve(
             ready.cancel()
         elif not ready.result():
             log.warning("worker %d: not every peer worker answered; serving anyway", worker)
+    monitor = Monitor(engine, SharedCounters(os.path.join(run_dir, "counters") if run_dir else None, workers))
+    engine.on_tick.append(monitor.tick)
     engine.start()
     servers = []
     for endpoint, sock, scheme in sockets:
         listener = str(endpoint)
-        servers.append(await loop.create_server(_factory(engine, listener, scheme), sock=sock))
+        if scheme == "monitor":
+            servers.append(await loop.create_server(lambda: MonitorConnection(monitor), sock=sock))
+        else:
+            servers.append(await loop.create_server(_factory(engine, listener, scheme), sock=sock))
     log.info(
         "worker %d/%d serving %s, epoch %d",
         worker,
@@ -208,9 +214,9 @@ def run(config: Config, config_path: str = "") -> int:
     workers = config.worker_count
     per_worker: list[list[Listener]] = [[] for _ in range(workers)]
     try:
-        for endpoint in config.listen:
+        for endpoint, scheme in [(e, "ws") for e in config.listen] + [(e, "monitor") for e in config.monitor_listen]:
             for index in range(workers):
-                per_worker[index].append((endpoint, bind_socket(endpoint, reuse_port=workers > 1), "ws"))
+                per_worker[index].append((endpoint, bind_socket(endpoint, reuse_port=workers > 1), scheme))
     except OSError as exc:
         log.error("cannot listen on %s: %s", endpoint, exc.strerror or exc)
         return 1
