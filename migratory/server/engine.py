@@ -74,6 +74,12 @@ def _origin_fields(origin: Origin) -> dict[str, str]:
     return {"addr": origin.addr, "port": str(origin.port), "session": origin.session, "protocol": origin.protocol}
 
 
+def _bus_message(frame: Published | Forward) -> Message:
+    """The message carried by a bus frame."""
+    qos = QoS.GUARANTEED if frame.guaranteed else QoS.STANDARD
+    return Message(frame.subject, frame.content, frame.fields, frame.retained, qos)
+
+
 class Authorizer(Protocol):
     """Entitlement hook: return ``None`` to allow, or ``(reason_code, reason)`` to deny."""
 
@@ -409,24 +415,12 @@ class Engine:
 
     def on_bus_frame(self, frame: BusFrame, peer: int) -> None:
         if isinstance(frame, Published):
-            message = Message(
-                frame.subject,
-                frame.content,
-                frame.fields,
-                frame.retained,
-                QoS.GUARANTEED if frame.guaranteed else QoS.STANDARD,
-            )
+            message = _bus_message(frame)
             self.store.observe(frame.subject, frame.seq)
             self.store.apply(message, frame.seq)
             self.deliver(message, frame.seq, frame.epoch)
         elif isinstance(frame, Forward):
-            message = Message(
-                frame.subject,
-                frame.content,
-                frame.fields,
-                frame.retained,
-                QoS.GUARANTEED if frame.guaranteed else QoS.STANDARD,
-            )
+            message = _bus_message(frame)
             result = self.sequence(message, frame.origin, time.perf_counter_ns())
             if self.bus is not None:
                 status = ForwardStatus(frame.request, result.status, result.seq, result.reason)
