@@ -25,6 +25,19 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()]
 
 
+def wait_children(pid: int, count: int) -> list[int]:
+    """The supervisor's workers, once it has forked ``count`` of them."""
+    import time
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        found = children(pid)
+        if len(found) == count:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"expected {count} workers, found {children(pid)}")
+
+
 def health(server: ServerProcess) -> dict[str, object]:
     with urllib.request.urlopen(server.http_url + "/health", timeout=5) as answer:
         return dict(json.loads(answer.read()))
@@ -87,8 +100,7 @@ def test_killed_worker_is_replaced_and_state_survives(server_factory: Callable[.
         for client in clients:
             for _ in subjects:
                 await client.next_message(10)
-        before = children(server.proc.pid)
-        assert len(before) == 2
+        before = wait_children(server.proc.pid, 2)
         victim = before[1]
         os.kill(victim, signal.SIGKILL)
         loop = asyncio.get_running_loop()
@@ -125,8 +137,7 @@ def test_killed_worker_is_replaced_and_state_survives(server_factory: Callable[.
 
 def test_sigterm_stops_supervisor_and_workers(server_factory: Callable[..., ServerProcess]) -> None:
     server = server_factory({"Workers": "3"})
-    workers = children(server.proc.pid)
-    assert len(workers) == 3
+    workers = wait_children(server.proc.pid, 3)
     assert server.stop(signal.SIGTERM) == 0
     assert not any(
         Path(f"/proc/{pid}/status").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
@@ -136,8 +147,7 @@ def test_sigterm_stops_supervisor_and_workers(server_factory: Callable[..., Serv
 
 def test_workers_die_with_a_killed_supervisor(server_factory: Callable[..., ServerProcess]) -> None:
     server = server_factory({"Workers": "2"})
-    workers = children(server.proc.pid)
-    assert len(workers) == 2
+    workers = wait_children(server.proc.pid, 2)
     os.kill(server.proc.pid, signal.SIGKILL)
     server.proc.wait(10)
     import time
