@@ -12,18 +12,24 @@ from typing import Generic, TypeVar
 
 __all__ = ["SubjectSet", "SubjectSubscribers", "SubscriptionIndex", "subject_set_add", "subject_set_remove"]
 
-SubjectSet = list[str] | set[str]
-"""A client's own subjects: a list while small (64 bytes for one, against 184 for a
-dict), a set past ``SMALL_SET`` so membership stays O(1) for big subscribers."""
+SubjectSet = tuple[()] | str | list[str] | set[str]
+"""A client's own subjects, as small as its count allows: nothing, the subject
+itself (most subscribers have one: no container at all), a list while small, and a
+set past ``SMALL_SET`` so membership stays O(1) for big subscribers."""
 
 SMALL_SET = 16
 
 
 def subject_set_add(subjects: SubjectSet, subject: str) -> SubjectSet:
-    """Add ``subject``; returns the container to keep (it may have become a set)."""
+    """Add ``subject``; returns the value to keep (its representation may change)."""
     if isinstance(subjects, set):
         subjects.add(subject)
         return subjects
+    if isinstance(subjects, str):
+        return subjects if subjects == subject else [subjects, subject]
+    if not subjects:
+        return subject
+    assert isinstance(subjects, list)
     if subject not in subjects:
         subjects.append(subject)
         if len(subjects) > SMALL_SET:
@@ -31,13 +37,33 @@ def subject_set_add(subjects: SubjectSet, subject: str) -> SubjectSet:
     return subjects
 
 
-def subject_set_remove(subjects: SubjectSet, subject: str) -> bool:
-    """Remove ``subject``; return whether it was there."""
+def subject_set_remove(subjects: SubjectSet, subject: str) -> tuple[SubjectSet, bool]:
+    """Remove ``subject``; returns (the value to keep, whether it was there)."""
+    if isinstance(subjects, str):
+        return ((), True) if subjects == subject else (subjects, False)
+    if not subjects:
+        return subjects, False
+    assert isinstance(subjects, list | set)
     try:
         subjects.remove(subject)
     except (ValueError, KeyError):
-        return False
-    return True
+        return subjects, False
+    return subjects, True
+
+
+def subject_set_items(subjects: SubjectSet) -> list[str]:
+    """The subjects, as a list (a copy: callers may modify the set while iterating)."""
+    if isinstance(subjects, str):
+        return [subjects]
+    return list(subjects)
+
+
+def subject_set_len(subjects: SubjectSet) -> int:
+    return 1 if isinstance(subjects, str) else len(subjects)
+
+
+def subject_set_contains(subjects: SubjectSet, subject: str) -> bool:
+    return subjects == subject if isinstance(subjects, str) else subject in subjects
 
 
 S = TypeVar("S", bound=Hashable)

@@ -148,6 +148,11 @@ class FrameParser:
         self._discarding = False
 
     @property
+    def idle(self) -> bool:
+        """True between messages: a fresh parser would continue exactly the same."""
+        return not self._buf and self._frags is None and not self._skip and not self._discarding
+
+    @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a complete frame."""
         return len(self._buf)

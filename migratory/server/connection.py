@@ -96,7 +96,7 @@ class Connection(asyncio.Protocol):
         self.pending: bytes | list[bytes] | None = None  # bytes while one item: no list per delivery
         self.pending_bytes = 0
         self.paused = False
-        self.subscriptions: SubjectSet = []
+        self.subscriptions: SubjectSet = ()
         self.sid = 0
         self.token = ""
         self.connected = False
@@ -452,7 +452,6 @@ class Connection(asyncio.Protocol):
         engine = self.engine
         engine.stats.connections += 1
         engine.stats.connections_total += 1
-        self.parser = FrameParser(engine.max_message_size)
         self.deadline = 0.0  # handshake done: keepalive timers take over
         engine.access("connect", self)
         engine.schedule(self, self.last_rx + engine.config.keep_alive_interval / 1000.0)
@@ -465,12 +464,15 @@ class Connection(asyncio.Protocol):
 
     def _ws_received(self, data: bytes) -> None:
         parser = self.parser
-        assert parser is not None
+        if parser is None:
+            parser = self.parser = FrameParser(self.engine.max_message_size)
         try:
             frames = parser.feed(data)
         except WebSocketError as exc:
             self._ws_fail(exc.code, exc.reason, "protocol_error", "malformed")
             return
+        if parser.idle:
+            self.parser = None  # idle connections keep no parser (memory per connection)
         for frame in frames:
             if self.state != _WS:
                 return

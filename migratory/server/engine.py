@@ -32,7 +32,14 @@ from migratory.logs import JsonLineWriter
 from migratory.message import Message, QoS, Snapshot, SnapshotStore
 from migratory.protocol import Status, encode_delivery
 from migratory.subjects import InvalidSubject, check_subject
-from migratory.subscriptions import SubscriptionIndex, subject_set_add, subject_set_remove
+from migratory.subscriptions import (
+    SubscriptionIndex,
+    subject_set_add,
+    subject_set_contains,
+    subject_set_items,
+    subject_set_len,
+    subject_set_remove,
+)
 from migratory.websocket import OP_BINARY, build_frame
 
 if TYPE_CHECKING:
@@ -187,10 +194,11 @@ class Engine:
     def unregister(self, conn: Connection) -> None:
         """Forget a closed connection and its subscriptions."""
         self.connections.discard(conn)
-        for subject in conn.subscriptions:
+        subjects = subject_set_items(conn.subscriptions)
+        conn.subscriptions = ()
+        for subject in subjects:
             self.index.remove(subject, conn)
             self._interest_changed(subject)
-        conn.subscriptions.clear()
 
     async def shutdown(self, timeout: float = 2.0) -> None:
         """Close every connection politely (close frame 1001), then stop timers."""
@@ -273,7 +281,10 @@ class Engine:
         if reason is not None:
             self.deny(conn.origin(), "subscribe", "invalid_subject", reason, subject)
             return Status.INVALID_SUBJECT, reason
-        if subject not in conn.subscriptions and len(conn.subscriptions) >= self.config.max_subscriptions_per_client:
+        if (
+            not subject_set_contains(conn.subscriptions, subject)
+            and subject_set_len(conn.subscriptions) >= self.config.max_subscriptions_per_client
+        ):
             reason = f"MaxSubscriptionsPerClient ({self.config.max_subscriptions_per_client}) reached"
             self.deny(conn.origin(), "subscribe", "subscription_limit", reason, subject)
             return Status.LIMIT_EXCEEDED, reason
@@ -313,7 +324,8 @@ class Engine:
         return frame
 
     def unsubscribe(self, conn: Connection, subject: str) -> bool:
-        if not subject_set_remove(conn.subscriptions, subject):
+        conn.subscriptions, found = subject_set_remove(conn.subscriptions, subject)
+        if not found:
             return False
         self.index.remove(subject, conn)
         self._interest_changed(subject)
