@@ -15,11 +15,10 @@ import ctypes
 import logging
 import os
 import resource
-import shutil
+import secrets
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -114,7 +113,8 @@ async def serve(
     epoch: int | None = None,
     worker: int = 0,
     workers: int = 1,
-    run_dir: str = "",
+    namespace: str = "",
+    counters: SharedCounters | None = None,
     incarnation: int = 0,
 ) -> None:
     """Serve on already-bound sockets until ``stop`` is set (one worker's life)."""
@@ -128,7 +128,7 @@ async def serve(
         message = JsonLineWriter(config.log_folder, "message.log", config.log_max_file_size, config.log_max_files)
     engine = Engine(config, epoch, loop, access, message, worker=worker, workers=workers, incarnation=incarnation)
     if workers > 1:
-        engine.bus = Bus(worker, workers, run_dir, engine.on_bus_frame, engine.on_link_up)
+        engine.bus = Bus(worker, workers, namespace, engine.on_bus_frame, engine.on_link_up)
         await engine.bus.start()
         # accept clients only once every peer is linked, so none of their broadcasts is missed
         ready = asyncio.ensure_future(engine.bus.wait_ready(10.0))
@@ -139,7 +139,7 @@ async def serve(
             ready.cancel()
         elif not ready.result():
             log.warning("worker %d: not every peer worker answered; serving anyway", worker)
-    monitor = Monitor(engine, SharedCounters(os.path.join(run_dir, "counters") if run_dir else None, workers))
+    monitor = Monitor(engine, counters or SharedCounters(workers))
     engine.on_tick.append(monitor.tick)
     engine.start()
     servers = []
@@ -249,7 +249,8 @@ PR_SET_PDEATHSIG = 1
 
 def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> int:
     workers = len(per_worker)
-    run_dir = tempfile.mkdtemp(prefix="migratory-")
+    namespace = f"{os.getpid()}-{secrets.token_hex(4)}"
+    counters = SharedCounters(workers)
     children: dict[int, int] = {}
     stopping = False
     started: dict[int, float] = {}
@@ -281,7 +282,8 @@ def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> 
                     epoch=epoch,
                     worker=index,
                     workers=workers,
-                    run_dir=run_dir,
+                    namespace=namespace,
+                    counters=counters,
                     incarnation=incarnation,
                 )
             except BaseException:
@@ -307,27 +309,24 @@ def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> 
     incarnations = [0] * workers
     for index in range(workers):
         spawn(index, 0)
-    try:
-        while children:
-            try:
-                pid, status = os.wait()
-            except ChildProcessError:
-                break
-            index = children.pop(pid, -1)
-            if index < 0 or stopping:
-                continue
-            how = (
-                f"signal {-os.waitstatus_to_exitcode(status)}"
-                if os.WIFSIGNALED(status)
-                else f"code {os.waitstatus_to_exitcode(status)}"
-            )
-            log.warning("worker %d (pid %d) died with %s; restarting it", index, pid, how)
-            if time.monotonic() - started.get(index, 0.0) < 1.0:
-                time.sleep(1.0)  # do not spin on a worker that dies at start
-            incarnations[index] += 1
-            if not stopping:
-                spawn(index, incarnations[index])
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        index = children.pop(pid, -1)
+        if index < 0 or stopping:
+            continue
+        how = (
+            f"signal {-os.waitstatus_to_exitcode(status)}"
+            if os.WIFSIGNALED(status)
+            else f"code {os.waitstatus_to_exitcode(status)}"
+        )
+        log.warning("worker %d (pid %d) died with %s; restarting it", index, pid, how)
+        if time.monotonic() - started.get(index, 0.0) < 1.0:
+            time.sleep(1.0)  # do not spin on a worker that dies at start
+        incarnations[index] += 1
+        if not stopping:
+            spawn(index, incarnations[index])
     log.info("server stopped")
     return 0

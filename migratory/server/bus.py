@@ -1,6 +1,8 @@
 """Unix-socket links between the worker processes of one node (see migratory/bus.py).
 
-Each worker listens on ``<run dir>/w<N>.sock`` and opens one outbound link to every
+Each worker listens on the abstract Unix socket ``@migratory-<node>-w<N>`` (Linux's
+abstract namespace: nothing on disk to clean up, even after a SIGKILL) and opens
+one outbound link to every
 other worker; a link carries frames one way (outbound = what this worker sends).
 Writes are coalesced once per loop turn. While a peer is down (being restarted by
 the supervisor), forwarded publications wait in a bounded queue and everything
@@ -14,9 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
+import socket
 from collections.abc import Callable
-from pathlib import Path
 from typing import cast
 
 from migratory import bus as b
@@ -83,13 +84,13 @@ class Bus:
         self,
         worker: int,
         workers: int,
-        run_dir: str,
+        namespace: str,
         on_frame: Callable[[b.BusFrame, int], None],
         on_link_up: Callable[[int], None],
     ) -> None:
         self.worker = worker
         self.workers = workers
-        self.run_dir = Path(run_dir)
+        self.namespace = namespace
         self.on_frame = on_frame
         self.on_link_up = on_link_up
         self.peers = {j: _Peer(j) for j in range(workers) if j != worker}
@@ -118,14 +119,15 @@ class Bus:
         return True
 
     def path(self, worker: int) -> str:
-        return str(self.run_dir / f"w{worker}.sock")
+        return f"\0migratory-{self.namespace}-w{worker}"
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        path = self.path(self.worker)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        self._server = await loop.create_unix_server(lambda: _Inbound(self), path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path(self.worker))  # sockets passed in: uvloop takes no abstract paths
+        listener.listen(64)
+        listener.setblocking(False)
+        self._server = await loop.create_unix_server(lambda: _Inbound(self), sock=listener)
         for peer in self.peers.values():
             self._tasks.append(asyncio.create_task(self._link(peer), name=f"bus-link-{peer.index}"))
 
@@ -142,9 +144,13 @@ class Bus:
     async def _link(self, peer: _Peer) -> None:
         loop = asyncio.get_running_loop()
         while not self._closed:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                _, writer = await loop.create_unix_connection(_Outbound, self.path(peer.index))
+                sock.setblocking(False)
+                await loop.sock_connect(sock, self.path(peer.index))
+                _, writer = await loop.create_unix_connection(_Outbound, sock=sock)
             except OSError:
+                sock.close()
                 await asyncio.sleep(0.05)
                 continue
             peer.writer = writer

@@ -1,7 +1,7 @@
 """The HTTP monitoring service (``MonitorHTTP.Listen``): node-wide indicators.
 
 Every worker publishes its cumulative counters once per second into its slot of a
-small shared memory file, and reads every slot, so whichever worker answers a
+small shared memory area, and reads every slot, so whichever worker answers a
 monitoring request reports the whole node. Endpoints: ``/stats`` (the seven
 indicators with max/avg/stddev over 1/5/15 minutes ... months, JSON), ``/metrics``
 (Prometheus text), ``/health``. Optional HTTP Basic authentication.
@@ -13,7 +13,6 @@ import asyncio
 import base64
 import hmac
 import mmap
-import os
 import struct
 import time
 from typing import TYPE_CHECKING, Any, cast
@@ -42,21 +41,16 @@ _SLOT = struct.Struct(f"!{len(COUNTERS)}q")
 
 
 class SharedCounters:
-    """One slot of counters per worker in a memory-mapped file (or in memory for one worker)."""
+    """One slot of counters per worker in anonymous shared memory.
 
-    def __init__(self, path: str | None, workers: int) -> None:
+    The supervisor creates it before forking, so every worker (a restarted one
+    too) maps the same pages; nothing is left on disk.
+    """
+
+    def __init__(self, workers: int) -> None:
         self.workers = workers
         size = _SLOT.size * workers
-        if path is None:
-            self._map: mmap.mmap | bytearray = bytearray(size)
-            return
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        self._map: mmap.mmap | bytearray = mmap.mmap(-1, size) if workers > 1 else bytearray(size)
 
     def write(self, worker: int, values: dict[str, int]) -> None:
         _SLOT.pack_into(self._map, worker * _SLOT.size, *(values.get(name, 0) for name in COUNTERS))
