@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONF ?= conf/migratorydata.conf
 
-.PHONY: run test lint unit venv clean
+.PHONY: run test lint unit venv deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,7 +26,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+deps:
+	bash .ci/deps.sh
+
+unit: $(STAMP) deps
 	$(BIN)/pytest -q
 
 test: lint unit

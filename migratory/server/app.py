@@ -36,6 +36,11 @@ log = logging.getLogger("migratory.server")
 
 Listener = tuple[Endpoint, socket.socket, str]
 
+BACKLOG = 4096
+"""Pending-connection queue per listener. asyncio re-listens with its own default
+(100) unless told: at 100, a connection storm overflows it and clients wait for a
+SYN retransmit (1 s)."""
+
 
 def next_epoch(state_folder: str) -> int:
     """Increment and return the epoch counter kept in ``StateFolder/epoch``.
@@ -82,7 +87,7 @@ def _finish_bind(sock: socket.socket, address: tuple[object, ...], reuse_port: b
         if reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
-        sock.listen(4096)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
     except OSError:
         sock.close()
@@ -146,9 +151,9 @@ async def serve(
     for endpoint, sock, scheme in sockets:
         listener = str(endpoint)
         if scheme == "monitor":
-            servers.append(await loop.create_server(lambda: MonitorConnection(monitor), sock=sock))
+            servers.append(await loop.create_server(lambda: MonitorConnection(monitor), sock=sock, backlog=BACKLOG))
         else:
-            servers.append(await loop.create_server(_factory(engine, listener, scheme), sock=sock))
+            servers.append(await loop.create_server(_factory(engine, listener, scheme), sock=sock, backlog=BACKLOG))
     log.info(
         "worker %d/%d serving %s, epoch %d",
         worker,

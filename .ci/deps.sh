@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# System packages the test suite drives for real: the peer servers of the benchmark
+# comparison (NATS and Mosquitto from Debian). Idempotent; needs root and apt.
+set -euo pipefail
+need=()
+command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=(nats-server)
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "missing system packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# Debian starts mosquitto as a service where it can; the tests start their own.

@@ -1,0 +1,191 @@
+"""``migratory bench``: the benchmark kit from the shell (run one workload, or compare peers)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from migratory.bench.runner import BenchConfig, Report, run
+from migratory.bench.wire import TARGETS
+
+app = typer.Typer(
+    help="Benchmark kit: N clients, M subjects each, messages of size S at frequency F.", no_args_is_help=True
+)
+
+_console = Console(highlight=False)
+
+_ROWS: list[tuple[str, Callable[[Report], str]]] = [
+    ("connections established", lambda r: f"{r.connected:,} / {r.clients:,}"),
+    ("connect rate (conn/s)", lambda r: f"{r.connect_rate:,.0f}"),
+    ("messages published", lambda r: f"{r.published:,}"),
+    ("messages delivered", lambda r: f"{r.delivered:,} / {r.expected_deliveries:,}"),
+    ("deliveries/s", lambda r: f"{r.deliveries_per_second:,.0f}"),
+    (
+        "latency p50 / p90 / p99 / max (ms)",
+        lambda r: " / ".join(f"{r.latency_ms.get(k, 0):g}" for k in ("p50", "p90", "p99", "max")),
+    ),
+    ("server CPU (s)", lambda r: f"{r.server_cpu_seconds:.2f}"),
+    ("server CPU per delivery (us)", lambda r: f"{r.server_cpu_us_per_delivery:.3f}"),
+    ("server RSS before / connected (MB)", lambda r: f"{r.server_rss_mb_before:.1f} / {r.server_rss_mb_connected:.1f}"),
+    ("server memory per connection (B)", lambda r: f"{r.server_bytes_per_connection:,.0f}"),
+    ("server RSS after disconnect (MB)", lambda r: f"{r.server_rss_mb_after_disconnect:.1f}"),
+    ("errors", lambda r: "; ".join(r.errors) or "none"),
+]
+
+
+def _table(reports: list[Report]) -> Table:
+    table = Table(title="migratory bench")
+    table.add_column("measure")
+    for report in reports:
+        table.add_column(report.target, justify="right")
+    for name, render in _ROWS:
+        table.add_row(name, *(render(r) for r in reports))
+    return table
+
+
+def _run_with_progress(config: BenchConfig) -> Report:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"{config.target}: connecting", total=None, info="")
+
+        def notify(phase: str, values: dict[str, float]) -> None:
+            if phase == "connect":
+                progress.update(
+                    task,
+                    description=f"{config.target}: connecting",
+                    total=values["clients"],
+                    completed=values["connected"],
+                    info=f"{values['connected']:,.0f} connected",
+                )
+            elif phase == "publish":
+                progress.update(
+                    task,
+                    description=f"{config.target}: publishing",
+                    total=values["messages"],
+                    completed=values["published"],
+                    info=f"{values['published']:,.0f} published",
+                )
+            elif phase == "drain":
+                progress.update(
+                    task,
+                    description=f"{config.target}: delivering",
+                    total=values["expected"],
+                    completed=values["delivered"],
+                    info=f"{values['delivered']:,.0f} delivered",
+                )
+
+        return run(config, notify)
+
+
+def _sources(text: str) -> list[str]:
+    """``127.0.0.2-127.0.0.9`` or a comma-separated list."""
+    if "-" in text:
+        first, last = text.split("-", 1)
+        base, start = first.rsplit(".", 1)
+        end = last.rsplit(".", 1)[1]
+        return [f"{base}.{i}" for i in range(int(start), int(end) + 1)]
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _config(**options: object) -> BenchConfig:
+    sources = _sources(str(options.pop("sources")))
+    config = BenchConfig(**options)  # type: ignore[arg-type]
+    config.sources = sources
+    if config.target not in TARGETS:
+        raise typer.BadParameter(f"--target must be one of {', '.join(TARGETS)}")
+    return config
+
+
+@app.command("run")
+def run_cmd(
+    target: str = typer.Option("migratory", help=f"Server kind: {', '.join(TARGETS)}."),
+    host: str = typer.Option("127.0.0.1", help="Server address."),
+    port: int = typer.Option(8800, help="Server port (ignored with --spawn)."),
+    clients: int = typer.Option(1000, help="Concurrent client connections."),
+    subjects: int = typer.Option(1, help="Distinct subjects."),
+    subjects_per_client: int = typer.Option(1, help="Subjects each client subscribes to."),
+    size: int = typer.Option(64, help="Message size in bytes (at least 8: the send time)."),
+    rate: float = typer.Option(0.0, help="Messages per second in total; 0 = closed-loop bursts (saturation)."),
+    messages: int = typer.Option(100, help="Messages to publish (0 = connect only: idle memory)."),
+    burst: int = typer.Option(50, help="Burst size in closed-loop mode."),
+    processes: int = typer.Option(2, help="Load-generator processes."),
+    sources: str = typer.Option("127.0.0.1", help="Source addresses, e.g. 127.0.0.2-127.0.0.8."),
+    server_pid: int = typer.Option(0, help="PID of the server to measure (its children too)."),
+    spawn: bool = typer.Option(False, help="Start the server (and its peers' servers) on a free port."),
+    workers: int = typer.Option(1, help="Workers of a spawned migratory server."),
+    disconnect: bool = typer.Option(False, help="Connection storm: measure memory after everyone left."),
+    as_json: Path | None = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
+) -> None:
+    """Run one workload and print the report."""
+    config = _config(
+        target=target,
+        host=host,
+        port=port,
+        clients=clients,
+        subjects=subjects,
+        subjects_per_client=subjects_per_client,
+        size=max(8, size),
+        rate=rate,
+        messages=messages,
+        burst=burst,
+        processes=processes,
+        sources=sources,
+        server_pid=server_pid,
+        spawn=spawn,
+        workers=workers,
+        disconnect=disconnect,
+    )
+    report = _run_with_progress(config)
+    _console.print(_table([report]))
+    if as_json is not None:
+        as_json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    if report.errors:
+        raise typer.Exit(1)
+
+
+@app.command("peers")
+def peers_cmd(
+    targets: str = typer.Option("migratory,nats,mqtt,ws-broadcast,websockets", help="Targets to compare, in order."),
+    clients: int = typer.Option(1000, help="Concurrent client connections."),
+    subjects: int = typer.Option(1, help="Distinct subjects."),
+    size: int = typer.Option(64, help="Message size in bytes."),
+    rate: float = typer.Option(0.0, help="Messages per second; 0 = closed-loop bursts."),
+    messages: int = typer.Option(100, help="Messages to publish."),
+    burst: int = typer.Option(50, help="Burst size in closed-loop mode."),
+    processes: int = typer.Option(2, help="Load-generator processes."),
+    sources: str = typer.Option("127.0.0.1", help="Source addresses, e.g. 127.0.0.2-127.0.0.8."),
+    workers: int = typer.Option(1, help="Workers of the migratory server."),
+    as_json: Path | None = typer.Option(None, "--json", help="Write every report as a JSON list."),
+) -> None:
+    """The same workload against each server, spawned in turn, side by side in one run."""
+    reports = []
+    for target in [t.strip() for t in targets.split(",") if t.strip()]:
+        config = _config(
+            target=target,
+            clients=clients,
+            subjects=subjects,
+            size=max(8, size),
+            rate=rate,
+            messages=messages,
+            burst=burst,
+            processes=processes,
+            sources=sources,
+            spawn=True,
+            workers=workers,
+        )
+        reports.append(_run_with_progress(config))
+    _console.print(_table(reports))
+    if as_json is not None:
+        as_json.write_text(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")

@@ -1,0 +1,147 @@
+"""A load-generator process: many asyncio clients of one target, from one source address.
+
+The parent sends commands over a pipe ("stop") and receives progress:
+``("connected", ok, errors, seconds)`` once every client is subscribed, then
+``("stats", delivered, histogram, max_ns)`` a few times per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import cast
+
+from migratory.bench.wire import Codec, codec_for
+
+__all__ = ["BUCKETS", "LoaderSpec", "bucket_of", "bucket_upper_ns", "loader_main"]
+
+BUCKETS = 420
+_SCALE = 20.0  # buckets per factor e: each bucket is about 5% wide
+IP_BIND_ADDRESS_NO_PORT = 24
+
+
+def bucket_of(latency_ns: int) -> int:
+    micros = max(latency_ns / 1000.0, 1.0)
+    return min(BUCKETS - 1, int(math.log(micros) * _SCALE))
+
+
+def bucket_upper_ns(index: int) -> float:
+    return math.exp((index + 1) / _SCALE) * 1000.0
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    target: str
+    host: str
+    port: int
+    source: str
+    subjects: Sequence[Sequence[str]]  # one entry per client
+    concurrency: int = 256
+
+
+class _State:
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.histogram = [0] * BUCKETS
+        self.max_ns = 0
+        self.ready = 0
+        self.errors = 0
+
+
+class _Client(asyncio.Protocol):
+    def __init__(self, state: _State, codec: Codec, want: int) -> None:
+        self.state = state
+        self.codec = codec
+        self.want = want
+        self.transport: asyncio.Transport | None = None
+        self.ready = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            payloads, answer = self.codec.feed(data)
+        except (ConnectionError, ValueError) as exc:
+            self.state.errors += 1
+            if not self.ready.done():
+                self.ready.set_exception(ConnectionError(str(exc)))
+            return
+        if answer and self.transport is not None:
+            self.transport.write(answer)
+        if payloads:
+            now = time.time_ns()
+            state = self.state
+            histogram = state.histogram
+            for payload in payloads:
+                state.delivered += 1
+                latency = now - int.from_bytes(payload[:8], "big")
+                histogram[bucket_of(latency)] += 1
+                if latency > state.max_ns:
+                    state.max_ns = latency
+        if not self.ready.done() and self.codec.is_ready(self.want):
+            self.ready.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError(f"connection lost: {exc}"))
+
+
+async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State) -> asyncio.Transport | None:
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind((spec.source, 0))
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (spec.host, spec.port))
+        codec = codec_for(spec.target)
+        transport, client = await loop.create_connection(lambda: _Client(state, codec, len(subjects)), sock=sock)
+        transport.write(codec.hello(spec.host, subjects))
+        await asyncio.wait_for(client.ready, 60)
+        return transport
+    except (OSError, ConnectionError, TimeoutError):
+        state.errors += 1
+        sock.close()
+        return None
+
+
+async def _run(spec: LoaderSpec, pipe: Connection) -> None:
+    loop = asyncio.get_running_loop()
+    state = _State()
+    started = time.monotonic()
+    semaphore = asyncio.Semaphore(spec.concurrency)
+
+    async def one(subjects: Sequence[str]) -> asyncio.Transport | None:
+        async with semaphore:
+            return await _connect(spec, subjects, state)
+
+    transports = [t for t in await asyncio.gather(*(one(s) for s in spec.subjects)) if t is not None]
+    pipe.send(("connected", len(transports), state.errors, time.monotonic() - started))
+    stop = asyncio.Event()
+    loop.add_reader(pipe.fileno(), lambda: stop.set() if pipe.recv() == "stop" else None)
+    while not stop.is_set():
+        pipe.send(("stats", state.delivered, list(state.histogram), state.max_ns))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.2)
+    pipe.send(("stats", state.delivered, list(state.histogram), state.max_ns))
+    for transport in transports:
+        transport.abort()
+    pipe.send(("closed", len(transports)))
+
+
+def loader_main(spec: LoaderSpec, pipe: Connection) -> None:
+    """Entry point of a loader process."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    import uvloop
+
+    uvloop.run(_run(spec, pipe))

@@ -1,0 +1,263 @@
+"""Run one benchmark: connect, subscribe, publish, measure, report."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
+
+from migratory.bench.loader import BUCKETS, LoaderSpec, bucket_upper_ns, loader_main
+from migratory.bench.servers import ProcessMeter, SpawnedServer, spawn
+from migratory.bench.wire import Codec, codec_for
+
+__all__ = ["BROADCAST_TARGETS", "BenchConfig", "Report", "run"]
+
+BROADCAST_TARGETS = ("ws-broadcast", "websockets")
+
+
+@dataclass
+class BenchConfig:
+    """One workload; every field is a ``migratory bench`` option."""
+
+    target: str = "migratory"
+    host: str = "127.0.0.1"
+    port: int = 8800
+    clients: int = 100
+    subjects: int = 1
+    subjects_per_client: int = 1
+    size: int = 64
+    rate: float = 0.0  # messages per second in total; 0 = closed-loop bursts (saturation)
+    messages: int = 100
+    burst: int = 50
+    processes: int = 2
+    sources: list[str] = field(default_factory=lambda: ["127.0.0.1"])
+    server_pid: int = 0
+    spawn: bool = False
+    workers: int = 1
+    idle_seconds: float = 0.0
+    drain_timeout: float = 60.0
+    disconnect: bool = False  # storm: disconnect everyone at the end and measure memory again
+
+
+@dataclass
+class Report:
+    target: str
+    clients: int
+    subjects: int
+    subjects_per_client: int
+    size: int
+    rate: float
+    connected: int = 0
+    connect_errors: int = 0
+    connect_seconds: float = 0.0
+    connect_rate: float = 0.0
+    published: int = 0
+    expected_deliveries: int = 0
+    delivered: int = 0
+    publish_seconds: float = 0.0
+    deliveries_per_second: float = 0.0
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    server_cpu_seconds: float = 0.0
+    server_cpu_us_per_delivery: float = 0.0
+    server_rss_mb_before: float = 0.0
+    server_rss_mb_connected: float = 0.0
+    server_rss_mb_after_disconnect: float = 0.0
+    server_bytes_per_connection: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Progress = Callable[[str, dict[str, float]], None]
+
+
+def _subjects_of(config: BenchConfig, client: int) -> list[str]:
+    return [
+        f"/bench/s{(client * config.subjects_per_client + k) % config.subjects}"
+        for k in range(config.subjects_per_client)
+    ]
+
+
+def _percentiles(histogram: list[int], max_ns: int) -> dict[str, float]:
+    total = sum(histogram)
+    out: dict[str, float] = {}
+    for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        if not total:
+            out[name] = 0.0
+            continue
+        rank = q * total
+        seen = 0
+        for index, count in enumerate(histogram):
+            seen += count
+            if seen >= rank:
+                out[name] = round(min(bucket_upper_ns(index), max_ns) / 1e6, 3)
+                break
+    out["max"] = round(max_ns / 1e6, 3)
+    return out
+
+
+class _Publisher(asyncio.Protocol):
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        _, answer = self.codec.feed(data)
+        if answer and self.transport is not None:
+            self.transport.write(answer)
+        if not self.ready.done() and self.codec.is_ready(0):
+            self.ready.set_result(None)
+
+
+def run(config: BenchConfig, progress: Progress | None = None) -> Report:
+    """Run the workload and return its report (spawning the server when asked)."""
+    notify: Progress = progress or (lambda phase, values: None)
+    server: SpawnedServer | None = None
+    if config.spawn:
+        server = spawn(config.target, config.host, config.workers)
+        config.port = server.port
+        config.server_pid = server.proc.pid
+    try:
+        return _run(config, notify)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run(config: BenchConfig, notify: Progress) -> Report:
+    report = Report(
+        config.target, config.clients, config.subjects, config.subjects_per_client, config.size, config.rate
+    )
+    meter = ProcessMeter(config.server_pid) if config.server_pid else None
+    if meter is not None:
+        time.sleep(0.5)
+        report.server_rss_mb_before = meter.rss_bytes() / 2**20
+    context = multiprocessing.get_context("fork")
+    per_process = [list(range(i, config.clients, config.processes)) for i in range(config.processes)]
+    loaders = []
+    started = time.monotonic()
+    for index, members in enumerate(per_process):
+        if not members:
+            continue
+        parent, child = context.Pipe()
+        spec = LoaderSpec(
+            config.target,
+            config.host,
+            config.port,
+            config.sources[index % len(config.sources)],
+            [_subjects_of(config, c) for c in members],
+        )
+        proc = context.Process(target=loader_main, args=(spec, child), daemon=True)
+        proc.start()
+        loaders.append((proc, parent))
+    for _, pipe in loaders:
+        message = pipe.recv()
+        report.connected += message[1]
+        report.connect_errors += message[2]
+        notify("connect", {"connected": report.connected, "clients": config.clients})
+    report.connect_seconds = round(time.monotonic() - started, 3)
+    report.connect_rate = round(report.connected / max(report.connect_seconds, 1e-9), 1)
+    if config.idle_seconds:
+        time.sleep(config.idle_seconds)
+    delivered = [0] * len(loaders)
+    histograms = [[0] * BUCKETS for _ in loaders]
+    max_ns = [0] * len(loaders)
+
+    def poll() -> int:
+        for i, (_, pipe) in enumerate(loaders):
+            while pipe.poll():
+                message = pipe.recv()
+                if message[0] == "stats":
+                    delivered[i], histograms[i], max_ns[i] = message[1], message[2], message[3]
+        return sum(delivered)
+
+    if meter is not None:
+        report.server_rss_mb_connected = meter.rss_bytes() / 2**20
+        if report.connected:
+            report.server_bytes_per_connection = round(
+                (report.server_rss_mb_connected - report.server_rss_mb_before) * 2**20 / report.connected, 1
+            )
+    subscribers: dict[str, int] = {}
+    if config.target in BROADCAST_TARGETS:  # no subjects: every client receives every message
+        subscribers = {f"/bench/s{i}": report.connected for i in range(config.subjects)}
+    else:
+        for client in range(config.clients):
+            for subject in _subjects_of(config, client):
+                subscribers[subject] = subscribers.get(subject, 0) + 1
+    if config.messages:
+        cpu_before = meter.cpu_seconds() if meter is not None else 0.0
+        publish_started = time.monotonic()
+        asyncio.run(_publish(config, report, subscribers, poll, notify))
+        deadline = time.monotonic() + config.drain_timeout
+        while poll() < report.expected_deliveries and time.monotonic() < deadline:
+            notify("drain", {"delivered": sum(delivered), "expected": report.expected_deliveries})
+            time.sleep(0.1)
+        time.sleep(0.3)
+        report.delivered = poll()
+        report.publish_seconds = round(time.monotonic() - publish_started, 3)
+        report.deliveries_per_second = round(report.delivered / max(report.publish_seconds, 1e-9), 1)
+        if meter is not None:
+            report.server_cpu_seconds = round(meter.cpu_seconds() - cpu_before, 3)
+            if report.delivered:
+                report.server_cpu_us_per_delivery = round(report.server_cpu_seconds * 1e6 / report.delivered, 3)
+        merged = [sum(h[i] for h in histograms) for i in range(BUCKETS)]
+        report.latency_ms = _percentiles(merged, max(max_ns))
+        if report.delivered != report.expected_deliveries:
+            report.errors.append(f"delivered {report.delivered} of {report.expected_deliveries} messages")
+    for _, pipe in loaders:
+        pipe.send("stop")
+    for proc, pipe in loaders:
+        while True:
+            message = pipe.recv()
+            if message[0] == "closed":
+                break
+        proc.join(30)
+    if report.connect_errors:
+        report.errors.append(f"{report.connect_errors} clients failed to connect or subscribe")
+    if config.disconnect and meter is not None:
+        time.sleep(2.0)
+        report.server_rss_mb_after_disconnect = meter.rss_bytes() / 2**20
+    return report
+
+
+async def _publish(
+    config: BenchConfig, report: Report, subscribers: dict[str, int], poll: Callable[[], int], notify: Progress
+) -> None:
+    loop = asyncio.get_running_loop()
+    codec = codec_for(config.target)
+    sock = socket.create_connection((config.host, config.port))
+    sock.setblocking(False)
+    transport, publisher = await loop.create_connection(lambda: _Publisher(codec), sock=sock)
+    transport.write(codec.hello(config.host, []))
+    await asyncio.wait_for(publisher.ready, 30)
+    subjects = [f"/bench/s{i}" for i in range(config.subjects)]
+    padding = b"x" * max(0, config.size - 8)
+    interval = 1.0 / config.rate if config.rate else 0.0
+    start = loop.time()
+    for n in range(config.messages):
+        subject = subjects[n % len(subjects)]
+        transport.write(codec.publish(subject, time.time_ns().to_bytes(8, "big") + padding))
+        report.published += 1
+        report.expected_deliveries += subscribers.get(subject, 0)
+        if interval:
+            delay = start + (n + 1) * interval - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        elif (n + 1) % config.burst == 0:
+            # closed loop: the next burst goes out once this one is delivered
+            deadline = loop.time() + config.drain_timeout
+            while poll() < report.expected_deliveries and loop.time() < deadline:
+                await asyncio.sleep(0.005)
+        if n % 50 == 0:
+            notify("publish", {"published": report.published, "messages": config.messages})
+    await asyncio.sleep(0.05)
+    transport.close()

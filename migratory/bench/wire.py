@@ -1,0 +1,279 @@
+"""Client-side wire formats of every target the kit can drive, without I/O.
+
+``migratory``: the native protocol over WebSocket; ``ws-broadcast`` and
+``websockets``: plain WebSocket, every binary message goes to every client;
+``nats``: the NATS text protocol; ``mqtt``: MQTT 3.1.1 with QoS 0. Each codec turns
+subscriptions and publications into bytes and incoming bytes into message
+payloads (whose first 8 bytes are the publisher's clock, for latency).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import struct
+from collections.abc import Sequence
+
+from migratory import protocol as p
+
+__all__ = ["TARGETS", "Codec", "codec_for"]
+
+TARGETS = ("migratory", "ws-broadcast", "websockets", "nats", "mqtt")
+
+
+def _mask(payload: bytes) -> bytes:
+    """A masked client frame (RFC 6455 requires clients to mask)."""
+    key = os.urandom(4)
+    n = len(payload)
+    if n < 126:
+        header = bytes((0x82, 0x80 | n))
+    elif n < 65536:
+        header = struct.pack("!BBH", 0x82, 0x80 | 126, n)
+    else:
+        header = struct.pack("!BBQ", 0x82, 0x80 | 127, n)
+    if n:
+        repeated = (key * (n // 4 + 1))[:n]
+        payload = (int.from_bytes(payload, "little") ^ int.from_bytes(repeated, "little")).to_bytes(n, "little")
+    return header + key + payload
+
+
+class Codec:
+    """Base: a stream parser that yields message payloads."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.ready = False
+        self.subscribed = 0  # subscriptions the server confirmed (native protocol)
+
+    def is_ready(self, subjects: int) -> bool:
+        """Connected and subscribed, as far as the protocol lets a client know."""
+        return self.ready
+
+    def hello(self, host: str, subjects: Sequence[str]) -> bytes:
+        raise NotImplementedError
+
+    def publish(self, subject: str, payload: bytes) -> bytes:
+        raise NotImplementedError
+
+    def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
+        """Payloads of complete messages, and bytes to answer (pongs)."""
+        raise NotImplementedError
+
+
+class _WebSocket(Codec):
+    def hello(self, host: str, subjects: Sequence[str]) -> bytes:
+        key = base64.b64encode(os.urandom(16)).decode()
+        return (
+            f"GET / HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode() + self.after_upgrade(subjects)
+
+    def after_upgrade(self, subjects: Sequence[str]) -> bytes:
+        return b""
+
+    def frames(self, data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
+        buf = self.buf + data if self.buf else data
+        if not self.ready:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self.buf = buf
+                return [], b""
+            if not buf.startswith(b"HTTP/1.1 101"):
+                raise ConnectionError(f"upgrade refused: {buf[:40]!r}")
+            self.ready = True
+            buf = buf[end + 4 :]
+        out: list[tuple[int, bytes]] = []
+        pong = b""
+        pos = 0
+        n = len(buf)
+        while n - pos >= 2:
+            length = buf[pos + 1] & 0x7F
+            head = 2
+            if length == 126:
+                if n - pos < 4:
+                    break
+                (length,) = struct.unpack_from("!H", buf, pos + 2)
+                head = 4
+            elif length == 127:
+                if n - pos < 10:
+                    break
+                (length,) = struct.unpack_from("!Q", buf, pos + 2)
+                head = 10
+            if n - pos < head + length:
+                break
+            opcode = buf[pos] & 0x0F
+            payload = buf[pos + head : pos + head + length]
+            if opcode == 0x9:
+                pong += _mask_control(0xA, payload)
+            else:
+                out.append((opcode, payload))
+            pos += head + length
+        self.buf = buf[pos:]
+        return out, pong
+
+
+def _mask_control(opcode: int, payload: bytes) -> bytes:
+    frame = bytearray(_mask(payload))
+    frame[0] = 0x80 | opcode
+    return bytes(frame)
+
+
+class MigratoryCodec(_WebSocket):
+    def after_upgrade(self, subjects: Sequence[str]) -> bytes:
+        out = _mask(p.encode_connect())
+        if subjects:
+            out += _mask(p.encode_subscribe(list(subjects)))
+        return out
+
+    def publish(self, subject: str, payload: bytes) -> bytes:
+        return _mask(p.encode_publish(subject, payload, closure="", retained=True))
+
+    def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
+        frames, pong = self.frames(data)
+        out = []
+        for opcode, payload in frames:
+            if opcode != 0x2 or not payload:
+                continue
+            if payload[0] == p.Op.MESSAGE:
+                frame = p.decode_server(payload)
+                assert isinstance(frame, p.Delivery)
+                if not frame.snapshot:
+                    out.append(frame.content)
+            elif payload[0] == p.Op.SUBSCRIBE_STATUS and payload[1] == p.Status.OK:
+                self.subscribed += 1
+        return out, pong
+
+    def is_ready(self, subjects: int) -> bool:
+        return self.ready and self.subscribed >= subjects
+
+
+class BroadcastCodec(_WebSocket):
+    def publish(self, subject: str, payload: bytes) -> bytes:
+        return _mask(payload)
+
+    def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
+        frames, pong = self.frames(data)
+        return [payload for opcode, payload in frames if opcode == 0x2], pong
+
+
+def nats_subject(subject: str) -> str:
+    return subject.strip("/").replace("/", ".")
+
+
+class NatsCodec(Codec):
+    def hello(self, host: str, subjects: Sequence[str]) -> bytes:
+        out = [b'CONNECT {"verbose":false,"pedantic":false}\r\n']
+        out += [f"SUB {nats_subject(s)} {i + 1}\r\n".encode() for i, s in enumerate(subjects)]
+        out.append(b"PING\r\n")
+        return b"".join(out)
+
+    def publish(self, subject: str, payload: bytes) -> bytes:
+        return f"PUB {nats_subject(subject)} {len(payload)}\r\n".encode() + payload + b"\r\n"
+
+    def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
+        buf = self.buf + data if self.buf else data
+        out: list[bytes] = []
+        answer = b""
+        pos = 0
+        while True:
+            end = buf.find(b"\r\n", pos)
+            if end < 0:
+                break
+            line = buf[pos:end]
+            if line.startswith(b"MSG "):
+                size = int(line.rsplit(b" ", 1)[1])
+                if len(buf) < end + 2 + size + 2:
+                    break
+                out.append(buf[end + 2 : end + 2 + size])
+                pos = end + 2 + size + 2
+                continue
+            if line == b"PING":
+                answer += b"PONG\r\n"
+            elif line.startswith(b"-ERR"):
+                raise ConnectionError(line.decode(errors="replace"))
+            elif line == b"PONG":
+                self.ready = True
+            pos = end + 2
+        self.buf = buf[pos:]
+        return out, answer
+
+
+def _remaining(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n % 128
+        n //= 128
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _mqtt_str(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack("!H", len(data)) + data
+
+
+class MqttCodec(Codec):
+    want_suback = False
+
+    def hello(self, host: str, subjects: Sequence[str]) -> bytes:
+        self.want_suback = bool(subjects)
+        client_id = "b" + os.urandom(8).hex()
+        variable = _mqtt_str("MQTT") + bytes((4, 0x02)) + struct.pack("!H", 0)  # clean session, no keepalive
+        body = variable + _mqtt_str(client_id)
+        out = bytes((0x10,)) + _remaining(len(body)) + body
+        if subjects:
+            payload = b"".join(_mqtt_str(s.strip("/")) + b"\x00" for s in subjects)
+            sub = struct.pack("!H", 1) + payload
+            out += bytes((0x82,)) + _remaining(len(sub)) + sub
+        return out
+
+    def publish(self, subject: str, payload: bytes) -> bytes:
+        body = _mqtt_str(subject.strip("/")) + payload
+        return bytes((0x30,)) + _remaining(len(body)) + body
+
+    def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
+        buf = self.buf + data if self.buf else data
+        out: list[bytes] = []
+        pos = 0
+        n = len(buf)
+        while n - pos >= 2:
+            first = buf[pos]
+            length = 0
+            shift = 0
+            i = pos + 1
+            while True:
+                if i >= n:
+                    self.buf = buf[pos:]
+                    return out, b""
+                byte = buf[i]
+                length |= (byte & 0x7F) << shift
+                shift += 7
+                i += 1
+                if not byte & 0x80:
+                    break
+            if n - i < length:
+                break
+            body = buf[i : i + length]
+            kind = first >> 4
+            if kind == 3:
+                (topic_len,) = struct.unpack_from("!H", body, 0)
+                skip = 2 + topic_len + (2 if first & 0x06 else 0)
+                out.append(body[skip:])
+            elif kind == 9 or (kind == 2 and not self.want_suback):
+                self.ready = True
+            pos = i + length
+        self.buf = buf[pos:]
+        return out, b""
+
+
+def codec_for(target: str) -> Codec:
+    if target == "migratory":
+        return MigratoryCodec()
+    if target in ("ws-broadcast", "websockets"):
+        return BroadcastCodec()
+    if target == "nats":
+        return NatsCodec()
+    if target == "mqtt":
+        return MqttCodec()
+    raise ValueError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")

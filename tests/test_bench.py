@@ -1,0 +1,90 @@
+"""The benchmark kit against real servers: this one, NATS, Mosquitto and the WebSocket peers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from migratory.bench.loader import bucket_of, bucket_upper_ns
+from migratory.bench.runner import BenchConfig, run
+from migratory.bench.wire import TARGETS, MqttCodec, NatsCodec
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_message_is_delivered_and_counted(target: str) -> None:
+    config = BenchConfig(
+        target=target, clients=40, subjects=2, messages=30, burst=10, processes=2, spawn=True, workers=2
+    )
+    report = run(config)
+    assert report.errors == []
+    assert report.connected == 40
+    assert report.published == 30
+    per_message = 40 if target in ("ws-broadcast", "websockets") else 20  # two subjects, half the clients each
+    assert report.expected_deliveries == 30 * per_message
+    assert report.delivered == report.expected_deliveries
+    assert report.server_cpu_seconds >= 0 and report.server_rss_mb_connected > 0
+    assert 0 < report.latency_ms["p50"] <= report.latency_ms["p99"] <= report.latency_ms["max"]
+
+
+def test_paced_rate_and_idle_memory() -> None:
+    report = run(BenchConfig(clients=30, subjects=3, subjects_per_client=3, rate=50, messages=20, spawn=True))
+    assert report.errors == [] and report.delivered == 20 * 30
+    assert report.publish_seconds >= 0.3  # 20 messages at 50/s take at least 0.38 s
+    idle = run(BenchConfig(clients=50, messages=0, spawn=True))
+    assert idle.connected == 50 and idle.delivered == 0
+
+
+def test_cli_writes_json_report(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "migratory_cli.main",
+            "bench",
+            "run",
+            "--spawn",
+            "--clients",
+            "20",
+            "--messages",
+            "10",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["delivered"] == 200 and report["target"] == "migratory"
+    assert "server CPU per delivery" in result.stdout
+
+
+def test_latency_buckets_are_monotonic_and_about_five_percent_wide() -> None:
+    assert bucket_of(1_000) == 0
+    for ns in (10_000, 1_000_000, 1_000_000_000):
+        index = bucket_of(ns)
+        assert bucket_upper_ns(index) >= ns
+        assert bucket_upper_ns(index) <= ns * 1.06
+
+
+def test_peer_codecs_parse_split_input() -> None:
+    nats = NatsCodec()
+    wire = b"MSG a.b 1 5\r\nhello\r\nPING\r\nMSG a.b 1 3\r\nabc\r\n"
+    got: list[bytes] = []
+    answers = b""
+    for i in range(len(wire)):
+        payloads, answer = nats.feed(wire[i : i + 1])
+        got += payloads
+        answers += answer
+    assert got == [b"hello", b"abc"] and answers == b"PONG\r\n"
+    mqtt = MqttCodec()
+    publish = bytes((0x30, 9)) + b"\x00\x03a/bpayl"
+    payloads, _ = mqtt.feed(publish[:4])
+    payloads2, _ = mqtt.feed(publish[4:])
+    assert payloads + payloads2 == [b"payl"]
