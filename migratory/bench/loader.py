@@ -8,7 +8,6 @@ The parent sends commands over a pipe ("stop") and receives progress:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import socket
 import time
@@ -113,7 +112,6 @@ async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State) -> 
 
 
 async def _run(spec: LoaderSpec, pipe: Connection) -> None:
-    loop = asyncio.get_running_loop()
     state = _State()
     started = time.monotonic()
     semaphore = asyncio.Semaphore(spec.concurrency)
@@ -124,12 +122,11 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
 
     transports = [t for t in await asyncio.gather(*(one(s) for s in spec.subjects)) if t is not None]
     pipe.send(("connected", len(transports), state.errors, time.monotonic() - started))
-    stop = asyncio.Event()
-    loop.add_reader(pipe.fileno(), lambda: stop.set() if pipe.recv() == "stop" else None)
-    while not stop.is_set():
+    # The pipe stays a blocking descriptor (no add_reader: it would make our sends
+    # non-blocking and fail when the parent is busy); commands are polled instead.
+    while not (pipe.poll() and pipe.recv() == "stop"):
         pipe.send(("stats", state.delivered, list(state.histogram), state.max_ns))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.2)
+        await asyncio.sleep(0.2)
     pipe.send(("stats", state.delivered, list(state.histogram), state.max_ns))
     for transport in transports:
         transport.abort()

@@ -258,6 +258,7 @@ async def _publish(
             while poll() < report.expected_deliveries and loop.time() < deadline:
                 await asyncio.sleep(0.005)
         if n % 50 == 0:
+            poll()  # keep the loaders' progress pipes drained
             notify("publish", {"published": report.published, "messages": config.messages})
     await asyncio.sleep(0.05)
     transport.close()

@@ -1,0 +1,84 @@
+"""Print the markdown tables of bench/peers.md from the JSON reports in bench/results/."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _load(name: str) -> list[dict[str, Any]]:
+    data = json.loads((RESULTS / name).read_text())
+    return data if isinstance(data, list) else [data]
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def idle() -> str:
+    rows = [
+        [
+            r["target"],
+            f"{r['connected']:,}",
+            f"{r['server_bytes_per_connection'] / 1024:.2f} KB",
+            f"{r['connect_rate']:,.0f}",
+        ]
+        for r in _load("a-idle-16k.json")
+    ]
+    return _table(["server", "connections", "memory per idle connection", "connect rate (conn/s)"], rows)
+
+
+def fanout(name: str) -> str:
+    rows = []
+    for r in _load(name):
+        per = r["server_cpu_us_per_delivery"]
+        rows.append(
+            [
+                r["target"],
+                f"{r['delivered']:,} / {r['expected_deliveries']:,}",
+                f"{per:.3f} us",
+                f"{1e6 / per:,.0f}" if per else "-",
+                f"{r['latency_ms']['p50']:g} / {r['latency_ms']['p99']:g} ms",
+            ]
+        )
+    return _table(
+        ["server", "delivered / expected", "CPU per delivery", "deliveries per CPU-second", "latency p50 / p99"], rows
+    )
+
+
+def single(name: str) -> str:
+    (r,) = _load(name)
+    keys = [
+        "clients",
+        "connected",
+        "connect_rate",
+        "published",
+        "expected_deliveries",
+        "delivered",
+        "deliveries_per_second",
+        "server_cpu_us_per_delivery",
+        "server_bytes_per_connection",
+        "server_rss_mb_before",
+        "server_rss_mb_connected",
+        "server_rss_mb_after_disconnect",
+        "latency_ms",
+        "errors",
+    ]
+    return _table(["measure", "value"], [[k, json.dumps(r[k]) if not isinstance(r[k], str) else r[k]] for k in keys])
+
+
+if __name__ == "__main__":
+    for title, text in [
+        ("(a) idle", idle()),
+        ("(b) saturation", fanout("b-fanout-16k-saturation.json")),
+        ("(b) 2 msg/s", fanout("b-fanout-16k-2hz.json")),
+        ("(c) market", single("c-market-100k.json")),
+        ("(d) storm", single("d-storm-16k.json")),
+    ]:
+        sys.stdout.write(f"### {title}\n\n{text}\n\n")
