@@ -518,3 +518,28 @@ def test_unsubscribe_and_subscription_limit(server_factory: Callable[..., Server
                 await client.next_message(0.5)  # nothing was delivered for /u/a
 
     run(scenario())
+
+
+def test_slow_consumer_drop_policy_keeps_the_connection(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory({"MaxPendingOutput": "64K", "SlowConsumerPolicy": "Drop", "KeepAliveInterval": "3600000"})
+    slow = RawWs(server)
+    slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.send_frame(0x2, p.encode_connect())
+    slow.send_frame(0x2, p.encode_subscribe(["/s/d"]))
+
+    async def flood() -> None:
+        async with MigratoryClient([server.ws_url]) as publisher:
+            await asyncio.sleep(0.2)
+            for i in range(1500):  # 15 MB: more than the kernel buffers plus MaxPendingOutput
+                await publisher.publish("/s/d", b"%05d" % i + b"x" * 10000)
+
+    run(flood())
+    health = json.loads(http(server, "GET", "/health")[1])
+    assert health["messages_dropped"] > 0
+    assert health["slow_consumers_disconnected"] == 0
+    assert health["connections"] == 1  # the slow client is still connected ...
+    slow.sock.settimeout(10)
+    first = [slow.recv_native() for _ in range(4)]  # ... and what it gets is in order
+    numbers = [int(f.content[:5]) for f in first if isinstance(f, p.Delivery)]
+    assert numbers == sorted(numbers) and numbers
+    slow.close()

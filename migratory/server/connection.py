@@ -83,6 +83,7 @@ class Connection(asyncio.Protocol):
         "subscriptions",
         "token",
         "transport",
+        "wheel_at",
     )
 
     def __init__(self, engine: Engine, listener: str, scheme: str) -> None:
@@ -113,6 +114,7 @@ class Connection(asyncio.Protocol):
         self.msgs_out = 0
         self.bytes_in = 0
         self.bytes_out = 0
+        self.wheel_at = 0  # the engine's timer-wheel slot holding this connection (0: none)
 
     # --- identity ---------------------------------------------------------------------
 
@@ -167,6 +169,8 @@ class Connection(asyncio.Protocol):
         previous = self.state
         self.state = _CLOSED
         self.pending = None
+        self.parser = None
+        self.inbuf = b""
         engine = self.engine
         engine.unregister(self)
         if self.connected:

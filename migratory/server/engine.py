@@ -169,7 +169,7 @@ class Engine:
         self._conflation: dict[int, ConflationBuffer] = {}
         self._conflation_armed: set[int] = set()
         self._snapshot_frames: dict[str, tuple[int, bytes]] = {}
-        self._wheel: dict[int, list[Connection]] = {}
+        self._wheel: dict[int, set[Connection]] = {}
         self._tick: asyncio.TimerHandle | None = None
         self._closed = False
         self.on_tick: list[Callable[[], None]] = []
@@ -192,8 +192,10 @@ class Engine:
         self.connections.add(conn)
 
     def unregister(self, conn: Connection) -> None:
-        """Forget a closed connection and its subscriptions."""
+        """Forget a closed connection, its timer and its subscriptions."""
         self.connections.discard(conn)
+        if conn.wheel_at:
+            self._unschedule(conn)
         subjects = subject_set_items(conn.subscriptions)
         conn.subscriptions = ()
         for subject in subjects:
@@ -246,13 +248,33 @@ class Engine:
     # --- timers ---------------------------------------------------------------------
 
     def schedule(self, conn: Connection, when: float) -> None:
-        """Have ``conn.on_timer`` called at (about) loop time ``when``, at 1 s granularity."""
-        self._wheel.setdefault(int(when) + 1, []).append(conn)
+        """Have ``conn.on_timer`` called at (about) loop time ``when``, at 1 s granularity.
+
+        A connection sits in one slot at a time (rescheduling moves it), and leaves
+        the wheel when it closes, so a closed connection is never kept alive by it.
+        """
+        key = int(when) + 1
+        old = conn.wheel_at
+        if old == key:
+            return
+        if old:
+            self._unschedule(conn)
+        self._wheel.setdefault(key, set()).add(conn)
+        conn.wheel_at = key
+
+    def _unschedule(self, conn: Connection) -> None:
+        bucket = self._wheel.get(conn.wheel_at)
+        if bucket is not None:
+            bucket.discard(conn)
+            if not bucket:
+                del self._wheel[conn.wheel_at]
+        conn.wheel_at = 0
 
     def _housekeeping(self) -> None:
         now = self.loop.time()
         for second in [s for s in self._wheel if s <= now]:
             for conn in self._wheel.pop(second):
+                conn.wheel_at = 0
                 if conn.open:
                     conn.on_timer(now)
         for writer in (self.access_log, self.message_log):
