@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -315,6 +316,7 @@ class Engine:
             self.deny(conn.origin(), "subscribe", denial[0], denial[1], subject)
             return Status.DENIED, denial[1]
         period = round_conflation(conflation_ms)
+        subject = sys.intern(subject)  # one string per subject, not one per subscriber
         self.index.add(subject, conn, period)
         conn.subscriptions = subject_set_add(conn.subscriptions, subject)
         self._interest_changed(subject)
