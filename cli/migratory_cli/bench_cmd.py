@@ -30,7 +30,7 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
         "latency p50 / p90 / p99 / max (ms)",
         lambda r: " / ".join(f"{r.latency_ms.get(k, 0):g}" for k in ("p50", "p90", "p99", "max")),
     ),
-    ("server CPU (s)", lambda r: f"{r.server_cpu_seconds:.2f}"),
+    ("server CPU (s), of which system", lambda r: f"{r.server_cpu_seconds:.2f}, {r.server_cpu_system_seconds:.2f}"),
     ("server CPU per delivery (us)", lambda r: f"{r.server_cpu_us_per_delivery:.3f}"),
     ("server RSS before / connected (MB)", lambda r: f"{r.server_rss_mb_before:.1f} / {r.server_rss_mb_connected:.1f}"),
     ("server memory per connection (B)", lambda r: f"{r.server_bytes_per_connection:,.0f}"),

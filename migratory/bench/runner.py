@@ -62,6 +62,7 @@ class Report:
     deliveries_per_second: float = 0.0
     latency_ms: dict[str, float] = field(default_factory=dict)
     server_cpu_seconds: float = 0.0
+    server_cpu_system_seconds: float = 0.0
     server_cpu_us_per_delivery: float = 0.0
     server_rss_mb_before: float = 0.0
     server_rss_mb_connected: float = 0.0
@@ -194,7 +195,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             for subject in _subjects_of(config, client):
                 subscribers[subject] = subscribers.get(subject, 0) + 1
     if config.messages:
-        cpu_before = meter.cpu_seconds() if meter is not None else 0.0
+        cpu_before = meter.cpu_split() if meter is not None else (0.0, 0.0)
         publish_started = time.monotonic()
         asyncio.run(_publish(config, report, subscribers, poll, notify))
         deadline = time.monotonic() + config.drain_timeout
@@ -206,7 +207,9 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
         report.publish_seconds = round(time.monotonic() - publish_started, 3)
         report.deliveries_per_second = round(report.delivered / max(report.publish_seconds, 1e-9), 1)
         if meter is not None:
-            report.server_cpu_seconds = round(meter.cpu_seconds() - cpu_before, 3)
+            user, system = meter.cpu_split()
+            report.server_cpu_seconds = round(user + system - sum(cpu_before), 3)
+            report.server_cpu_system_seconds = round(system - cpu_before[1], 3)
             if report.delivered:
                 report.server_cpu_us_per_delivery = round(report.server_cpu_seconds * 1e6 / report.delivered, 3)
         merged = [sum(h[i] for h in histograms) for i in range(BUCKETS)]

@@ -41,14 +41,20 @@ class ProcessMeter:
     pid: int
 
     def cpu_seconds(self) -> float:
-        total = 0
+        user, system = self.cpu_split()
+        return user + system
+
+    def cpu_split(self) -> tuple[float, float]:
+        """(user, system) CPU seconds of the whole tree."""
+        user = system = 0
         for pid in process_tree(self.pid):
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total / TICKS
+            user += int(fields[11])  # utime
+            system += int(fields[12])  # stime
+        return user / TICKS, system / TICKS
 
     def rss_bytes(self) -> int:
         total = 0
