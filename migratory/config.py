@@ -200,6 +200,13 @@ def _parse_text(text: str) -> str:
     return text.strip()
 
 
+def _parse_tls_version(text: str) -> str:
+    value = text.strip()
+    if value not in ("TLSv1.2", "TLSv1.3"):
+        raise ValueError(f"expected TLSv1.2 or TLSv1.3, got {text!r}")
+    return value
+
+
 def _parse_path(text: str) -> str:
     if not text.strip():
         raise ValueError("expected a folder path")
@@ -368,6 +375,37 @@ class Config:
         "Folder of the server's persistent state (the epoch counter); relative paths are "
         "relative to the working directory.",
     )
+    listen_encrypted: tuple[Endpoint, ...] = key(
+        "ListenEncrypted",
+        (),
+        _parse_optional_endpoints,
+        "TLS listeners (wss:// and https:// on the same port), comma-separated addr:port; none "
+        "disables them. Needs TLSCertificate and TLSKey.",
+        shown="none",
+    )
+    tls_certificate: str = key(
+        "TLSCertificate",
+        "",
+        _parse_text,
+        "PEM file with the server certificate followed by its chain. Reloaded on SIGHUP.",
+        shown="",
+    )
+    tls_key: str = key("TLSKey", "", _parse_text, "PEM file with the certificate's private key.", shown="")
+    tls_key_password: str = key(
+        "TLSKeyPassword", "", _parse_text, "Password of TLSKey when the key is encrypted.", shown=""
+    )
+    tls_min_version: str = key(
+        "TLSMinVersion",
+        "TLSv1.2",
+        _parse_tls_version,
+        "Oldest TLS version accepted: TLSv1.2 or TLSv1.3.",
+    )
+    tls_ciphers: str = key(
+        "TLSCiphers",
+        "ECDHE+AESGCM:ECDHE+CHACHA20",
+        _parse_text,
+        "OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites are OpenSSL's own).",
+    )
     monitor_listen: tuple[Endpoint, ...] = key(
         "MonitorHTTP.Listen",
         (),
@@ -467,6 +505,8 @@ class Config:
         """Cross-key checks; raise ValueError as ``Key: what is wrong``."""
         if not self.listen:
             raise ValueError("Listen: at least one listener is required")
+        if self.listen_encrypted and not (self.tls_certificate and self.tls_key):
+            raise ValueError("ListenEncrypted: needs TLSCertificate and TLSKey")
         if bool(self.monitor_username) != bool(self.monitor_password):
             raise ValueError("MonitorHTTP.Password: MonitorHTTP.Username and MonitorHTTP.Password go together")
         if self.batching_size and not self.batching_time:

@@ -24,7 +24,7 @@ from migratory.protocol import Status
 
 __all__ = ["register"]
 
-_err = Console(stderr=True, highlight=False)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _http_url(url: str) -> str:

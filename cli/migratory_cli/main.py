@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from migratory_cli import bench_cmd, client_cmds, config_cmds, serve_cmd
+from migratory_cli import bench_cmd, cert_cmd, client_cmds, config_cmds, serve_cmd
 
 app = typer.Typer(
     name="migratory",
@@ -18,6 +18,7 @@ app = typer.Typer(
 app.command("serve")(serve_cmd.serve)
 app.add_typer(config_cmds.app, name="config")
 app.add_typer(bench_cmd.app, name="bench")
+app.add_typer(cert_cmd.app, name="cert")
 client_cmds.register(app)
 
 

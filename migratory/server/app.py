@@ -18,17 +18,20 @@ import resource
 import secrets
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from migratory.certs import CertError
 from migratory.config import Config, Endpoint
 from migratory.logs import JsonLineHandler, JsonLineWriter
 from migratory.server.bus import Bus
 from migratory.server.connection import Connection
 from migratory.server.engine import Engine
 from migratory.server.monitor import Monitor, MonitorConnection, SharedCounters
+from migratory.tls import build_context, reload_context
 
 __all__ = ["Listener", "bind_socket", "next_epoch", "run", "serve"]
 
@@ -121,6 +124,7 @@ async def serve(
     namespace: str = "",
     counters: SharedCounters | None = None,
     incarnation: int = 0,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
     """Serve on already-bound sockets until ``stop`` is set (one worker's life)."""
     loop = asyncio.get_running_loop()
@@ -150,7 +154,17 @@ async def serve(
     servers = []
     for endpoint, sock, scheme in sockets:
         listener = str(endpoint)
-        if scheme == "monitor":
+        if scheme == "wss":
+            servers.append(
+                await loop.create_server(
+                    _factory(engine, listener, scheme),
+                    sock=sock,
+                    backlog=BACKLOG,
+                    ssl=tls,
+                    ssl_handshake_timeout=config.handshake_timeout / 1000.0,
+                )
+            )
+        elif scheme == "monitor":
             servers.append(await loop.create_server(lambda: MonitorConnection(monitor), sock=sock, backlog=BACKLOG))
         else:
             servers.append(await loop.create_server(_factory(engine, listener, scheme), sock=sock, backlog=BACKLOG))
@@ -183,12 +197,23 @@ def _run_loop(main: Callable[[], asyncio.Future[None] | object]) -> None:
     uvloop.run(main())  # type: ignore[arg-type]
 
 
+def _reload_certificate(context: ssl.SSLContext, config: Config) -> None:
+    """SIGHUP: serve the certificate now on disk to new connections; keep the old on error."""
+    try:
+        log.info("TLS certificate reloaded: %s", reload_context(context, config))
+    except CertError as exc:
+        log.error("TLS certificate not reloaded, the previous one stays in service: %s", exc)
+
+
 def _worker_main(config: Config, sockets: list[Listener], **kwargs: object) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        tls = kwargs.get("tls")
+        if isinstance(tls, ssl.SSLContext):
+            loop.add_signal_handler(signal.SIGHUP, _reload_certificate, tls, config)
         await serve(config, sockets, stop, **kwargs)  # type: ignore[arg-type]
 
     _run_loop(main)
@@ -216,10 +241,22 @@ def run(config: Config, config_path: str = "") -> int:
     except OSError as exc:
         print(f"{config_path}: cannot write logs or state: {exc}", file=sys.stderr)
         return 2
+    tls: ssl.SSLContext | None = None
+    if config.listen_encrypted:
+        try:
+            tls = build_context(config)
+        except CertError as exc:
+            print(f"{config_path}:0: TLSCertificate: {exc}", file=sys.stderr)
+            return 2
     workers = config.worker_count
     per_worker: list[list[Listener]] = [[] for _ in range(workers)]
+    schemes = (
+        [(e, "ws") for e in config.listen]
+        + [(e, "wss") for e in config.listen_encrypted]
+        + [(e, "monitor") for e in config.monitor_listen]
+    )
     try:
-        for endpoint, scheme in [(e, "ws") for e in config.listen] + [(e, "monitor") for e in config.monitor_listen]:
+        for endpoint, scheme in schemes:
             for index in range(workers):
                 per_worker[index].append((endpoint, bind_socket(endpoint, reuse_port=workers > 1), scheme))
     except OSError as exc:
@@ -234,10 +271,10 @@ def run(config: Config, config_path: str = "") -> int:
         os.getpid(),
     )
     if workers == 1:
-        _worker_main(config, per_worker[0], epoch=epoch)
+        _worker_main(config, per_worker[0], epoch=epoch, tls=tls)
         log.info("server stopped")
         return 0
-    return _supervise(config, per_worker, epoch)
+    return _supervise(config, per_worker, epoch, tls)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -252,7 +289,7 @@ def _die_with_parent(parent: int) -> None:
 PR_SET_PDEATHSIG = 1
 
 
-def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> int:
+def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int, tls: ssl.SSLContext | None) -> int:
     workers = len(per_worker)
     namespace = f"{os.getpid()}-{secrets.token_hex(4)}"
     counters = SharedCounters(workers)
@@ -289,6 +326,7 @@ def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int) -> 
                     workers=workers,
                     namespace=namespace,
                     counters=counters,
+                    tls=tls,
                     incarnation=incarnation,
                 )
             except BaseException:
