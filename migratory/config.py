@@ -224,10 +224,31 @@ def _parse_workers(text: str) -> int:
 
 
 def _parse_entitlement(text: str) -> str:
+    for value in ("None", "Basic", "JWT", "Custom"):
+        if value.lower() == text.strip().lower():
+            return value
+    raise ValueError(f"expected None, Basic, JWT or Custom, got {text!r}")
+
+
+def _parse_networks(text: str) -> tuple[str, ...]:
+    """Comma-separated IPv4/IPv6 addresses and CIDR blocks."""
+    out = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise ValueError(f"{item!r} is neither an IP address nor a CIDR block") from None
+        out.append(item)
+    return tuple(out)
+
+
+def _parse_custom_class(text: str) -> str:
     value = text.strip()
-    if value.lower() != "none":
-        raise ValueError(f"expected None, got {text!r}")
-    return "None"
+    if value and (":" not in value or not all(value.partition(":")[::2])):
+        raise ValueError(f"expected module:Class, got {text!r}")
+    return value
 
 
 def key(
@@ -432,7 +453,53 @@ class Config:
         "Entitlement",
         "None",
         _parse_entitlement,
-        "Who may subscribe and publish: None lets everyone.",
+        "Who may subscribe and publish: None (everyone), Basic (everyone subscribes, the "
+        "EntitlementAllowToken token publishes), JWT (permissions in signed tokens) or Custom "
+        "(a Python class). See docs/security.md.",
+    )
+    entitlement_allow_token: str = key(
+        "EntitlementAllowToken", "", _parse_text, "With Entitlement = Basic: the token that may publish.", shown=""
+    )
+    entitlement_jwt_secret: str = key(
+        "EntitlementJwtSecret", "", _parse_text, "With Entitlement = JWT: the HS256 shared secret.", shown=""
+    )
+    entitlement_jwt_public_key: str = key(
+        "EntitlementJwtPublicKey",
+        "",
+        _parse_text,
+        "With Entitlement = JWT: PEM public key file for RS256/ES256 tokens (instead of a secret).",
+        shown="",
+    )
+    entitlement_custom_class: str = key(
+        "EntitlementCustomClass",
+        "",
+        _parse_custom_class,
+        "With Entitlement = Custom: module:Class with authorize_subscribe and authorize_publish.",
+        shown="",
+    )
+    publish_allow_from: tuple[str, ...] = key(
+        "PublishAllowFromAddressList",
+        (),
+        _parse_networks,
+        "Addresses and CIDR blocks allowed to publish, comma-separated; empty allows every address.",
+        shown="",
+    )
+    max_connection_rate_per_address: int = key(
+        "MaxConnectionsPerSecondPerAddress",
+        0,
+        _int_parser(0),
+        "New connections accepted per second from one client address (a burst of twice that "
+        "is allowed); 0 disables the limit.",
+    )
+    run_as_user: str = key(
+        "RunAsUser",
+        "",
+        _parse_text,
+        "Started as root, bind the listeners and then run as this user for good.",
+        shown="",
+    )
+    run_as_group: str = key(
+        "RunAsGroup", "", _parse_text, "The group to run as (default: RunAsUser's primary group).", shown=""
     )
 
     @classmethod
@@ -507,6 +574,12 @@ class Config:
             raise ValueError("Listen: at least one listener is required")
         if self.listen_encrypted and not (self.tls_certificate and self.tls_key):
             raise ValueError("ListenEncrypted: needs TLSCertificate and TLSKey")
+        if self.entitlement == "Basic" and not self.entitlement_allow_token:
+            raise ValueError("Entitlement: Basic needs EntitlementAllowToken")
+        if self.entitlement == "JWT" and not (self.entitlement_jwt_secret or self.entitlement_jwt_public_key):
+            raise ValueError("Entitlement: JWT needs EntitlementJwtSecret or EntitlementJwtPublicKey")
+        if self.entitlement == "Custom" and not self.entitlement_custom_class:
+            raise ValueError("Entitlement: Custom needs EntitlementCustomClass")
         if bool(self.monitor_username) != bool(self.monitor_password):
             raise ValueError("MonitorHTTP.Password: MonitorHTTP.Username and MonitorHTTP.Password go together")
         if self.batching_size and not self.batching_time:

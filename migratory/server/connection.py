@@ -22,7 +22,7 @@ from migratory import protocol as p
 from migratory.http import HttpError, Request, json_response, parse_request_head, response
 from migratory.message import Message, QoS
 from migratory.server.engine import Engine, Origin, PublishResult
-from migratory.subscriptions import SubjectSet
+from migratory.subscriptions import SubjectSet, subject_set_items
 from migratory.websocket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -82,6 +82,7 @@ class Connection(asyncio.Protocol):
         "state",
         "subscriptions",
         "token",
+        "token_expiry",
         "transport",
         "wheel_at",
     )
@@ -100,6 +101,7 @@ class Connection(asyncio.Protocol):
         self.subscriptions: SubjectSet = ()
         self.sid = 0
         self.token = ""
+        self.token_expiry = 0.0  # wall-clock time the entitlement token expires (0: never)
         self.connected = False
         self.hello = False
         self.addr = ""
@@ -160,6 +162,17 @@ class Connection(asyncio.Protocol):
         engine = self.engine
         self.sid = engine.new_session()
         now = engine.loop.time()
+        if not engine.admit(self.addr, now):
+            engine.deny(
+                self.origin(),
+                "connect",
+                "rate_limited",
+                f"more than MaxConnectionsPerSecondPerAddress ({engine.config.max_connection_rate_per_address}) "
+                f"new connections per second from {self.addr}",
+            )
+            self.state = _CLOSING
+            self.transport.abort()
+            return
         self.started = self.last_rx = now
         self.deadline = now + engine.config.handshake_timeout / 1000.0
         engine.register(self)
@@ -324,19 +337,43 @@ class Connection(asyncio.Protocol):
             return
         interval = config.keep_alive_interval / 1000.0
         timeout = config.keep_alive_timeout / 1000.0
+        if self.token_expiry and time.time() >= self.token_expiry:
+            self._revoke_subscriptions()
         if self.ping_sent and self.last_rx < self.ping_sent:
             if now - self.ping_sent >= timeout:
                 self.abort("keepalive_timeout")
-            else:
-                engine.schedule(self, self.ping_sent + timeout)
-            return
-        self.ping_sent = 0.0
-        if now - self.last_rx >= interval:
-            self.ping_sent = now
-            self.send(build_frame(OP_PING, b"ka"))
-            engine.schedule(self, now + timeout)
+                return
+            next_check = self.ping_sent + timeout
         else:
-            engine.schedule(self, self.last_rx + interval)
+            self.ping_sent = 0.0
+            if now - self.last_rx >= interval:
+                self.ping_sent = now
+                self.send(build_frame(OP_PING, b"ka"))
+                next_check = now + timeout
+            else:
+                next_check = self.last_rx + interval
+        if self.token_expiry:
+            next_check = min(next_check, now + max(0.0, self.token_expiry - time.time()))
+        engine.schedule(self, next_check)
+
+    def _revoke_subscriptions(self) -> None:
+        """The entitlement token expired: withdraw every subscription, and say so."""
+        self.token_expiry = 0.0
+        engine = self.engine
+        for subject in subject_set_items(self.subscriptions):
+            engine.unsubscribe(self, subject)
+            engine.deny(self.origin(), "subscribe", "entitlement", "the token has expired", subject)
+            self.send(
+                build_frame(OP_BINARY, p.encode_subscribe_status(p.Status.REVOKED, subject, "the token has expired"))
+            )
+
+    def _set_token(self, token: str) -> None:
+        self.token = token
+        expiry = self.engine.entitlement.expires_at(token) if token else None
+        self.token_expiry = expiry or 0.0
+        if expiry:
+            engine = self.engine
+            engine.schedule(self, min(engine.loop.time() + max(0.0, expiry - time.time()), self.last_rx + 1.0))
 
     # --- HTTP -------------------------------------------------------------------------
 
@@ -452,13 +489,14 @@ class Connection(asyncio.Protocol):
         self.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         self.state = _WS
         self.connected = True
-        self.token = request.query.get("token", "")
         engine = self.engine
         engine.stats.connections += 1
         engine.stats.connections_total += 1
         self.deadline = 0.0  # handshake done: keepalive timers take over
         engine.access("connect", self)
         engine.schedule(self, self.last_rx + engine.config.keep_alive_interval / 1000.0)
+        if "token" in request.query:
+            self._set_token(request.query["token"])
         rest = self.inbuf
         self.inbuf = b""
         if rest:
@@ -580,7 +618,7 @@ class Connection(asyncio.Protocol):
                 )
                 return
             if msg.token:
-                self.token = msg.token
+                self._set_token(msg.token)
             self.hello = True
             self.send(build_frame(OP_BINARY, p.encode_connected(self.session, engine.epoch)))
 

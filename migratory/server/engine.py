@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from migratory.bus import BusFrame, Forward, ForwardStatus, Interest, Published, SyncSubject, owner
 from migratory.config import Config
 from migratory.conflation import ConflationBuffer, next_boundary, round_conflation
+from migratory.entitlement import AddressList, Entitlement, build_entitlement
 from migratory.logs import JsonLineWriter
 from migratory.message import Message, QoS, Snapshot, SnapshotStore
 from migratory.protocol import Status, encode_delivery
@@ -96,14 +97,20 @@ class Authorizer(Protocol):
     def check_publish(self, origin: Origin, subject: str) -> tuple[str, str] | None: ...
 
 
-class AllowAll:
-    """``Entitlement = None``: everyone may subscribe and publish."""
+class Gatekeeper:
+    """The configured entitlement plus the publish address list, for every interface."""
+
+    def __init__(self, entitlement: Entitlement, addresses: AddressList) -> None:
+        self.entitlement = entitlement
+        self.addresses = addresses
 
     def check_subscribe(self, origin: Origin, subject: str) -> tuple[str, str] | None:
-        return None
+        return self.entitlement.check_subscribe(origin.token, subject, origin.addr)
 
     def check_publish(self, origin: Origin, subject: str) -> tuple[str, str] | None:
-        return None
+        if not self.addresses.allows(origin.addr):
+            return ("address_not_allowed", f"{origin.addr} is not in PublishAllowFromAddressList")
+        return self.entitlement.check_publish(origin.token, subject, origin.addr)
 
 
 @dataclass(slots=True)
@@ -152,7 +159,15 @@ class Engine:
         self.index: SubscriptionIndex[Connection] = SubscriptionIndex()
         self.connections: set[Connection] = set()
         self.stats = Stats()
-        self.authorizer: Authorizer = AllowAll()
+        self.entitlement = build_entitlement(
+            config.entitlement,
+            config.entitlement_allow_token,
+            config.entitlement_jwt_secret,
+            config.entitlement_jwt_public_key,
+            config.entitlement_custom_class,
+        )
+        self.authorizer: Authorizer = Gatekeeper(self.entitlement, AddressList(config.publish_allow_from))
+        self._rates: dict[str, tuple[float, float]] = {}
         self.access_log = access_log
         self.message_log = message_log
         self.max_message_size = config.message_size_limit
@@ -191,6 +206,21 @@ class Engine:
 
     def register(self, conn: Connection) -> None:
         self.connections.add(conn)
+
+    def admit(self, address: str, now: float) -> bool:
+        """Token bucket per client address (``MaxConnectionsPerSecondPerAddress``)."""
+        rate = self.config.max_connection_rate_per_address
+        if not rate:
+            return True
+        tokens, last = self._rates.get(address, (2.0 * rate, now))
+        tokens = min(2.0 * rate, tokens + (now - last) * rate)
+        if tokens < 1.0:
+            self._rates[address] = (tokens, now)
+            return False
+        self._rates[address] = (tokens - 1.0, now)
+        if len(self._rates) > 100_000:  # forget idle addresses (full buckets)
+            self._rates = {a: v for a, v in self._rates.items() if now - v[1] < 2.0}
+        return True
 
     def unregister(self, conn: Connection) -> None:
         """Forget a closed connection, its timer and its subscriptions."""

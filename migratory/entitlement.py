@@ -1,0 +1,207 @@
+"""Entitlement: who may subscribe to and publish on which subjects.
+
+``Entitlement = None`` lets everyone do everything. ``Basic`` lets everyone
+subscribe and only clients presenting ``EntitlementAllowToken`` publish. ``JWT``
+reads the client's token as a JSON Web Token (HS256 with ``EntitlementJwtSecret``,
+or RS256/ES256 with the public key in ``EntitlementJwtPublicKey``) whose
+``permissions`` claim lists subject patterns: ``{"sub": [...], "pub": [...]}``; an
+``exp`` claim is honoured while the client stays connected. ``Custom`` loads the
+class named by ``EntitlementCustomClass`` (``module:Class``) with two methods,
+``authorize_subscribe(token, subject, address) -> bool`` and
+``authorize_publish(token, subject, address) -> bool``; an exception in them denies
+the request (and is logged) instead of reaching the server.
+
+Patterns: a segment ``*`` matches any one segment; a last segment ``**`` matches
+one or more segments; anything else must be equal. ``/Stocks/*/IBM`` matches
+``/Stocks/NYSE/IBM``; ``/Stocks/**`` matches every subject under ``/Stocks``.
+
+Every decision is ``None`` (allowed) or ``(reason_code, reason)``, the same for
+WebSocket, HTTP snapshot and HTTP publish. The publish address list
+(``PublishAllowFromAddressList``) is checked here too.
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib
+import ipaddress
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+__all__ = [
+    "AddressList",
+    "BasicEntitlement",
+    "CustomEntitlement",
+    "Decision",
+    "Entitlement",
+    "JwtEntitlement",
+    "NoEntitlement",
+    "build_entitlement",
+    "subject_matches",
+]
+
+log = logging.getLogger("migratory.server")
+
+Decision = tuple[str, str] | None
+
+
+class Entitlement(Protocol):
+    def check_subscribe(self, token: str, subject: str, address: str) -> Decision: ...
+
+    def check_publish(self, token: str, subject: str, address: str) -> Decision: ...
+
+    def expires_at(self, token: str) -> float | None: ...
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether ``subject`` matches ``pattern`` (``*`` one segment, trailing ``**`` one or more)."""
+    want = pattern.split("/")
+    have = subject.split("/")
+    for index, part in enumerate(want):
+        if part == "**" and index == len(want) - 1:
+            return len(have) > index
+        if index >= len(have) or (part != "*" and part != have[index]):
+            return False
+    return len(have) == len(want)
+
+
+class NoEntitlement:
+    def check_subscribe(self, token: str, subject: str, address: str) -> Decision:
+        return None
+
+    def check_publish(self, token: str, subject: str, address: str) -> Decision:
+        return None
+
+    def expires_at(self, token: str) -> float | None:
+        return None
+
+
+class BasicEntitlement(NoEntitlement):
+    """Everyone subscribes; only the holder of the allow token publishes."""
+
+    def __init__(self, allow_token: str) -> None:
+        self.allow_token = allow_token.encode()
+
+    def check_publish(self, token: str, subject: str, address: str) -> Decision:
+        if token and hmac.compare_digest(token.encode(), self.allow_token):
+            return None
+        return ("entitlement", "publishing needs the token of EntitlementAllowToken")
+
+
+class JwtEntitlement:
+    """Permissions from a signed JSON Web Token (claims cached per token)."""
+
+    def __init__(self, key: str, algorithms: Sequence[str]) -> None:
+        self.key = key
+        self.algorithms = list(algorithms)
+        self._cache: dict[str, dict[str, Any] | str] = {}
+
+    def _claims(self, token: str) -> dict[str, Any] | str:
+        cached = self._cache.get(token)
+        if cached is not None:
+            if isinstance(cached, dict) and "exp" in cached and cached["exp"] < time.time():
+                return "the token has expired"
+            return cached
+        import jwt
+
+        try:
+            claims: dict[str, Any] | str = jwt.decode(token, self.key, algorithms=self.algorithms)
+        except jwt.ExpiredSignatureError:
+            claims = "the token has expired"
+        except jwt.InvalidTokenError as exc:
+            claims = f"invalid token: {exc}"
+        if len(self._cache) > 10000:
+            self._cache.clear()
+        self._cache[token] = claims
+        return claims
+
+    def _check(self, token: str, subject: str, kind: str) -> Decision:
+        if not token:
+            return ("entitlement", "no entitlement token")
+        claims = self._claims(token)
+        if isinstance(claims, str):
+            return ("entitlement", claims)
+        permissions = claims.get("permissions", {})
+        patterns = permissions.get(kind, []) if isinstance(permissions, dict) else []
+        if isinstance(patterns, list) and any(isinstance(p, str) and subject_matches(p, subject) for p in patterns):
+            return None
+        verb = "subscribe to" if kind == "sub" else "publish on"
+        return ("entitlement", f"the token does not allow to {verb} {subject}")
+
+    def check_subscribe(self, token: str, subject: str, address: str) -> Decision:
+        return self._check(token, subject, "sub")
+
+    def check_publish(self, token: str, subject: str, address: str) -> Decision:
+        return self._check(token, subject, "pub")
+
+    def expires_at(self, token: str) -> float | None:
+        claims = self._claims(token) if token else None
+        if isinstance(claims, dict) and isinstance(claims.get("exp"), int | float):
+            return float(claims["exp"])
+        return None
+
+
+class CustomEntitlement:
+    """A user class; its exceptions deny the request rather than reach the server."""
+
+    def __init__(self, spec: str) -> None:
+        module_name, _, class_name = spec.partition(":")
+        module = importlib.import_module(module_name)
+        self.impl = getattr(module, class_name)()
+        for method in ("authorize_subscribe", "authorize_publish"):
+            if not callable(getattr(self.impl, method, None)):
+                raise TypeError(f"{spec} has no method {method}(token, subject, address)")
+
+    def _ask(self, method: str, token: str, subject: str, address: str) -> Decision:
+        try:
+            allowed = getattr(self.impl, method)(token, subject, address)
+        except Exception as exc:
+            log.error("custom entitlement %s failed: %r", method, exc)
+            return ("entitlement", f"custom entitlement failed: {type(exc).__name__}")
+        if allowed is True:
+            return None
+        return ("entitlement", "refused by the custom entitlement")
+
+    def check_subscribe(self, token: str, subject: str, address: str) -> Decision:
+        return self._ask("authorize_subscribe", token, subject, address)
+
+    def check_publish(self, token: str, subject: str, address: str) -> Decision:
+        return self._ask("authorize_publish", token, subject, address)
+
+    def expires_at(self, token: str) -> float | None:
+        return None
+
+
+class AddressList:
+    """``PublishAllowFromAddressList``: addresses and CIDR blocks allowed to publish."""
+
+    def __init__(self, entries: Sequence[str]) -> None:
+        self.networks = [ipaddress.ip_network(e, strict=False) for e in entries]
+
+    def allows(self, address: str) -> bool:
+        if not self.networks:
+            return True
+        try:
+            ip = ipaddress.ip_address(address.split("%")[0])
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return any(ip.version == net.version and ip in net for net in self.networks)
+
+
+def build_entitlement(kind: str, allow_token: str, jwt_secret: str, jwt_public_key: str, custom: str) -> Entitlement:
+    """The configured entitlement (arguments already validated by the configuration)."""
+    if kind == "Basic":
+        return BasicEntitlement(allow_token)
+    if kind == "JWT":
+        if jwt_public_key:
+            from pathlib import Path
+
+            return JwtEntitlement(Path(jwt_public_key).read_text(), ["RS256", "ES256"])
+        return JwtEntitlement(jwt_secret, ["HS256"])
+    if kind == "Custom":
+        return CustomEntitlement(custom)
+    return NoEntitlement()
