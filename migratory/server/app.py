@@ -27,6 +27,7 @@ from pathlib import Path
 from migratory.certs import CertError
 from migratory.config import Config, Endpoint
 from migratory.logs import JsonLineHandler, JsonLineWriter
+from migratory.privileges import PrivilegeError, drop_privileges
 from migratory.server.bus import Bus
 from migratory.server.connection import Connection
 from migratory.server.engine import Engine
@@ -263,6 +264,18 @@ def run(config: Config, config_path: str = "") -> int:
         log.error("cannot listen on %s: %s", endpoint, exc.strerror or exc)
         return 1
     files = raise_open_files_limit()
+    if config.run_as_user:
+        if os.geteuid() == 0:
+            try:
+                uid, gid = drop_privileges(
+                    config.run_as_user, config.run_as_group, [config.log_folder, config.state_folder]
+                )
+            except (PrivilegeError, OSError) as exc:
+                print(f"{config_path}:0: {exc}", file=sys.stderr)
+                return 2
+            log.info("listeners bound; now running as %s (uid %d, gid %d)", config.run_as_user, uid, gid)
+        else:
+            log.info("not started as root: RunAsUser %s not needed", config.run_as_user)
     log.info(
         "server starting: epoch %d, %d worker(s) of at most %d open files each, pid %d",
         epoch,
