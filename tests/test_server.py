@@ -543,3 +543,26 @@ def test_slow_consumer_drop_policy_keeps_the_connection(server_factory: Callable
     numbers = [int(f.content[:5]) for f in first if isinstance(f, p.Delivery)]
     assert numbers == sorted(numbers) and numbers
     slow.close()
+
+
+def test_slowloris_head_is_cut_at_handshake_timeout(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory({"HandshakeTimeout": "1000"})
+    slow = socket.create_connection((server.host, server.port), timeout=10)
+    started = time.monotonic()
+    closed = False
+    for _ in range(20):  # one header byte every 0.25 s never completes a request
+        try:
+            slow.sendall(b"X")
+            time.sleep(0.25)
+        except OSError:
+            closed = True
+            break
+        assert http(server, "GET", "/health")[0] == 200  # everyone else is served meanwhile
+    if not closed:
+        slow.settimeout(5)
+        try:
+            closed = slow.recv(100) == b""
+        except OSError:
+            closed = True
+    assert closed and time.monotonic() - started < 6
+    slow.close()
