@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # System packages the test suite drives for real: the peer servers of the benchmark
-# comparison (NATS and Mosquitto from Debian). Idempotent; needs root and apt.
+# comparison (NATS and Mosquitto from Debian), nftables and iproute2 for the DMZ test,
+# openssl for the TLS test. Idempotent; needs root and apt.
 set -euo pipefail
 need=()
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=(nats-server)
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need+=(iproute2)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})" >&2

@@ -106,3 +106,9 @@ def test_serve_refuses_broken_config_with_exit_2(tmp_path: Path) -> None:
     result = run_cli("serve", "-c", str(bad))
     assert result.returncode == 2
     assert f"{bad}:1: Listen:" in result.stderr
+
+
+def test_example_dmz_config_is_valid() -> None:
+    config = Config.from_file(ROOT / "conf" / "migratorydata-dmz.conf")
+    assert config.listen_encrypted[0].port == 443 and config.entitlement == "JWT"
+    assert config.publish_allow_from == ("192.168.1.0/24",)
