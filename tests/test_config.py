@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from migratory.config import Config, ConfigError, Endpoint, SlowConsumerPolicy, documented_keys
 
@@ -112,3 +114,11 @@ def test_example_dmz_config_is_valid() -> None:
     config = Config.from_file(ROOT / "conf" / "migratorydata-dmz.conf")
     assert config.listen_encrypted[0].port == 443 and config.entitlement == "JWT"
     assert config.publish_allow_from == ("192.168.1.0/24",)
+
+
+@given(st.text(max_size=300))
+def test_config_parser_raises_only_config_errors(text: str) -> None:
+    try:
+        Config.from_text(text, "fuzz.conf")
+    except ConfigError as exc:
+        assert all(line.startswith("fuzz.conf:") for line in exc.errors)

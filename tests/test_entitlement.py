@@ -106,3 +106,11 @@ def test_address_list() -> None:
     assert addresses.allows("fd00::1")
     assert not addresses.allows("192.168.1.8") and not addresses.allows("8.8.8.8") and not addresses.allows("junk")
     assert AddressList([]).allows("8.8.8.8")
+
+
+@given(st.text(max_size=200))
+def test_hostile_tokens_get_a_decision_never_an_exception(token: str) -> None:
+    auth = JwtEntitlement("k" * 32, ["HS256"])
+    decision = auth.check_subscribe(token, "/a/b", "")
+    assert decision is not None and decision[0] == "entitlement"
+    assert auth.expires_at(token) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -566,3 +567,14 @@ def test_slowloris_head_is_cut_at_handshake_timeout(server_factory: Callable[...
             closed = True
     assert closed and time.monotonic() - started < 6
     slow.close()
+
+
+def test_silent_connection_is_dropped_before_any_request(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory({"HandshakeTimeout": "1000"})
+    silent = socket.create_connection((server.host, server.port), timeout=6)
+    started = time.monotonic()
+    with contextlib.suppress(ConnectionResetError):
+        assert silent.recv(100) == b""  # closed by the server, having sent nothing
+    assert time.monotonic() - started < 5
+    silent.close()
+    assert http(server, "GET", "/health")[0] == 200
