@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hmac
 import importlib
+import inspect
 import ipaddress
 import logging
 import time
@@ -144,7 +145,11 @@ class JwtEntitlement:
 
 
 class CustomEntitlement:
-    """A user class; its exceptions deny the request rather than reach the server."""
+    """A user class; its exceptions deny the request rather than reach the server.
+
+    Its methods may be plain or ``async``; with ``async`` ones (``is_async``) the
+    server awaits each decision, keeping every client's requests in order.
+    """
 
     def __init__(self, spec: str) -> None:
         module_name, _, class_name = spec.partition(":")
@@ -153,16 +158,31 @@ class CustomEntitlement:
         for method in ("authorize_subscribe", "authorize_publish"):
             if not callable(getattr(self.impl, method, None)):
                 raise TypeError(f"{spec} has no method {method}(token, subject, address)")
+        self.is_async = any(
+            inspect.iscoroutinefunction(getattr(self.impl, m)) for m in ("authorize_subscribe", "authorize_publish")
+        )
+
+    @staticmethod
+    def verdict(method: str, allowed: object) -> Decision:
+        """Turn what the class answered (or raised) into a decision."""
+        if isinstance(allowed, BaseException):
+            log.error("custom entitlement %s failed: %r", method, allowed)
+            return ("entitlement", f"custom entitlement failed: {type(allowed).__name__}")
+        if allowed is True:
+            return None
+        return ("entitlement", "refused by the custom entitlement")
 
     def _ask(self, method: str, token: str, subject: str, address: str) -> Decision:
         try:
             allowed = getattr(self.impl, method)(token, subject, address)
         except Exception as exc:
-            log.error("custom entitlement %s failed: %r", method, exc)
-            return ("entitlement", f"custom entitlement failed: {type(exc).__name__}")
-        if allowed is True:
-            return None
-        return ("entitlement", "refused by the custom entitlement")
+            return self.verdict(method, exc)
+        if inspect.isawaitable(allowed):
+            close = getattr(allowed, "close", None)
+            if callable(close):
+                close()  # an async class is awaited by the server (is_async), never here
+            return ("entitlement", "custom entitlement is asynchronous: awaited by the server")
+        return self.verdict(method, allowed)
 
     def check_subscribe(self, token: str, subject: str, address: str) -> Decision:
         return self._ask("authorize_subscribe", token, subject, address)

@@ -162,3 +162,41 @@ def test_connection_flood_from_one_address_is_limited(server_factory: Callable[.
     server.stop()
     access = (server.log_folder / "access.log").read_text()
     assert access.count('"reason_code":"rate_limited"') == refused
+
+
+def test_async_custom_entitlement_keeps_each_clients_order(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "async_rules.py").write_text(
+        "import asyncio\n"
+        "class Rules:\n"
+        "    async def authorize_subscribe(self, token, subject, address):\n"
+        "        await asyncio.sleep(0.05)  # e.g. a call to the entitlement backend\n"
+        "        return token == 'member'\n"
+        "    async def authorize_publish(self, token, subject, address):\n"
+        "        if subject == '/x/boom':\n"
+        "            raise RuntimeError('backend down')\n"
+        "        await asyncio.sleep(0.3 if subject.endswith('slow') else 0.0)\n"
+        "        return token == 'member'\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    server = server_factory({"Entitlement": "Custom", "EntitlementCustomClass": "async_rules:Rules"})
+
+    async def scenario() -> None:
+        async with (
+            MigratoryClient([server.ws_url], token="member") as member,
+            MigratoryClient([server.ws_url]) as guest,
+        ):
+            assert await member.subscribe(["/x/slow", "/x/fast"]) == {"/x/slow": Status.OK, "/x/fast": Status.OK}
+            assert await guest.subscribe(["/x/fast"]) == {"/x/fast": Status.DENIED}
+            # a slow decision first, a fast one second: they are published in the order sent
+            results = await asyncio.gather(member.publish("/x/slow", b"1"), member.publish("/x/fast", b"2"))
+            assert list(results) == [Status.OK, Status.OK]
+            got = [await member.next_message(5), await member.next_message(5)]
+            assert [m.content for m in got] == [b"1", b"2"]
+            assert await member.publish("/x/boom", b"x") == Status.DENIED
+            assert await guest.publish("/x/fast", b"x") == Status.DENIED
+
+    run(scenario())
+    assert get(server, "/snapshot?subject=/x/fast&token=member") == 200
+    assert get(server, "/snapshot?subject=/x/fast") == 403

@@ -199,6 +199,21 @@ def test_cert_cli(tmp_path: Path) -> None:
         str(tmp_path / "srv"),
     )
     assert issued.returncode == 0, issued.stderr
+    listeners = tmp_path / "listeners.conf"
+    listeners.write_text("ListenEncrypted = 198.51.100.7:443, push.example.org:8443\nTLSCertificate = a\nTLSKey = b\n")
+    from_config = cli(
+        "issue",
+        "--config",
+        str(listeners),
+        "--ca-cert",
+        str(tmp_path / "ca/ca.pem"),
+        "--ca-key",
+        str(tmp_path / "ca/ca.key"),
+        "--out",
+        str(tmp_path / "cfg"),
+    )
+    assert from_config.returncode == 0, from_config.stderr
+    assert set(describe(tmp_path / "cfg/server.pem").names) == {"198.51.100.7", "push.example.org"}
     shown = cli("show", str(tmp_path / "srv/server.pem"))
     assert "push.example.com" in shown.stdout and "10.0.0.5" in shown.stdout and "days left" in shown.stdout
     assert cli("csr", "push.example.com", "--out", str(tmp_path / "csr")).returncode == 0

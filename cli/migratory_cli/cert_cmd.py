@@ -34,7 +34,10 @@ def create_ca_cmd(
 
 @app.command("issue")
 def issue_cmd(
-    names: list[str] = typer.Argument(..., help="DNS names and IP addresses the certificate is for."),
+    names: list[str] = typer.Argument(None, help="DNS names and IP addresses the certificate is for."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="Also add the addresses of this configuration's ListenEncrypted."
+    ),
     ca_cert: Path = typer.Option(..., help="The CA certificate (ca.pem)."),
     ca_key: Path = typer.Option(..., help="The CA key (ca.key)."),
     ca_password: str = typer.Option("", help="Password of the CA key."),
@@ -42,6 +45,9 @@ def issue_cmd(
     days: int = typer.Option(825, help="Validity in days."),
 ) -> None:
     """Issue a server certificate with these subject alternative names."""
+    names = list(names or [])
+    if config is not None:
+        names += [e.host for e in load_or_exit(config).listen_encrypted if e.host != "*" and e.host not in names]
     try:
         cert, key = issue_server_cert(ca_cert, ca_key, names, out, days=days, ca_password=ca_password or None)
     except CertError as exc:

@@ -19,6 +19,7 @@ import time
 from typing import Any, cast
 
 from migratory import protocol as p
+from migratory.entitlement import Decision
 from migratory.http import HttpError, Request, json_response, parse_request_head, response
 from migratory.message import Message, QoS
 from migratory.server.engine import Engine, Origin, PublishResult
@@ -596,18 +597,19 @@ class Connection(asyncio.Protocol):
         elif isinstance(msg, p.Subscribe):
             if not self.session_ready():
                 return
-            for subject in msg.subjects:
-                status, reason = engine.subscribe(self, subject, msg.conflation_ms)
-                self.send(build_frame(OP_BINARY, p.encode_subscribe_status(status, subject, reason)))
-                if status == p.Status.OK:
-                    frame = engine.snapshot_frame(subject)
-                    if frame is not None:
-                        self.send(frame)
+            if engine.async_entitlement:
+                engine.in_order(self.session, self._subscribe_after_decisions(msg))
+            else:
+                for subject in msg.subjects:
+                    self._subscribe_one(subject, msg.conflation_ms)
         elif isinstance(msg, p.Unsubscribe):
             if not self.session_ready():
                 return
-            for subject in msg.subjects:
-                engine.unsubscribe(self, subject)
+            if engine.async_entitlement:
+                engine.in_order(self.session, self._unsubscribe_in_order(msg.subjects))
+            else:
+                for subject in msg.subjects:
+                    engine.unsubscribe(self, subject)
         elif isinstance(msg, p.Connect):
             if msg.version != p.PROTOCOL_VERSION:
                 self._ws_fail(
@@ -621,6 +623,30 @@ class Connection(asyncio.Protocol):
                 self._set_token(msg.token)
             self.hello = True
             self.send(build_frame(OP_BINARY, p.encode_connected(self.session, engine.epoch)))
+
+    def _subscribe_one(self, subject: str, conflation_ms: int, decided: Decision | bool = False) -> None:
+        status, reason = self.engine.subscribe(self, subject, conflation_ms, decided)
+        self.send(build_frame(OP_BINARY, p.encode_subscribe_status(status, subject, reason)))
+        if status == p.Status.OK:
+            frame = self.engine.snapshot_frame(subject)
+            if frame is not None:
+                self.send(frame)
+
+    async def _subscribe_after_decisions(self, msg: p.Subscribe) -> None:
+        """Asynchronous custom entitlement: await each decision, in order, then subscribe."""
+        engine = self.engine
+        for subject in msg.subjects:
+            if not self.open:
+                return
+            decided: Decision | bool = False
+            if engine.check_subject(subject) is None:
+                decided = await engine.custom_decision("authorize_subscribe", self.origin(), subject)
+            if self.open:
+                self._subscribe_one(subject, msg.conflation_ms, decided)
+
+    async def _unsubscribe_in_order(self, subjects: tuple[str, ...]) -> None:
+        for subject in subjects:
+            self.engine.unsubscribe(self, subject)
 
     def session_ready(self) -> bool:
         """Requests before CONNECT are refused with NOT_CONNECTED, and the session closed."""

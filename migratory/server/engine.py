@@ -16,20 +16,22 @@ one timer per active conflation period drains its buffer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 import random
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from migratory.bus import BusFrame, Forward, ForwardStatus, Interest, Published, SyncSubject, owner
 from migratory.config import Config
 from migratory.conflation import ConflationBuffer, next_boundary, round_conflation
-from migratory.entitlement import AddressList, Entitlement, build_entitlement
+from migratory.entitlement import AddressList, CustomEntitlement, Decision, Entitlement, build_entitlement
 from migratory.logs import JsonLineWriter
 from migratory.message import Message, QoS, Snapshot, SnapshotStore
 from migratory.protocol import Status, encode_delivery
@@ -75,6 +77,7 @@ class PublishResult:
 
 
 Reply = Callable[["PublishResult"], None]
+CUSTOM_ENTITLEMENT_TIMEOUT = 5.0
 FORWARD_TIMEOUT = 10.0
 
 
@@ -166,7 +169,10 @@ class Engine:
             config.entitlement_jwt_public_key,
             config.entitlement_custom_class,
         )
-        self.authorizer: Authorizer = Gatekeeper(self.entitlement, AddressList(config.publish_allow_from))
+        self.gatekeeper = Gatekeeper(self.entitlement, AddressList(config.publish_allow_from))
+        self.authorizer: Authorizer = self.gatekeeper
+        self.async_entitlement = isinstance(self.entitlement, CustomEntitlement) and self.entitlement.is_async
+        self._chains: dict[str, asyncio.Task[None]] = {}
         self._rates: dict[str, tuple[float, float]] = {}
         self.access_log = access_log
         self.message_log = message_log
@@ -328,8 +334,14 @@ class Engine:
             return exc.reason
         return None
 
-    def subscribe(self, conn: Connection, subject: str, conflation_ms: int) -> tuple[Status, str]:
-        """Subscribe ``conn``; on success queue the snapshot. Returns (status, reason)."""
+    def subscribe(
+        self, conn: Connection, subject: str, conflation_ms: int, decided: Decision | bool = False
+    ) -> tuple[Status, str]:
+        """Subscribe ``conn``. Returns (status, reason).
+
+        ``decided`` carries an entitlement decision already awaited (asynchronous
+        custom entitlement); by default the entitlement is asked here.
+        """
         reason = self.check_subject(subject)
         if reason is not None:
             self.deny(conn.origin(), "subscribe", "invalid_subject", reason, subject)
@@ -341,8 +353,8 @@ class Engine:
             reason = f"MaxSubscriptionsPerClient ({self.config.max_subscriptions_per_client}) reached"
             self.deny(conn.origin(), "subscribe", "subscription_limit", reason, subject)
             return Status.LIMIT_EXCEEDED, reason
-        denial = self.authorizer.check_subscribe(conn.origin(), subject)
-        if denial is not None:
+        denial = self.authorizer.check_subscribe(conn.origin(), subject) if decided is False else decided
+        if isinstance(denial, tuple):
             self.deny(conn.origin(), "subscribe", denial[0], denial[1], subject)
             return Status.DENIED, denial[1]
         period = round_conflation(conflation_ms)
@@ -407,11 +419,57 @@ class Engine:
             self.deny(origin, "publish", "message_too_big", reason, message.subject)
             reply(PublishResult(Status.TOO_LARGE, reason, "message_too_big"))
             return
-        denial = self.authorizer.check_publish(origin, message.subject)
+        if self.async_entitlement:
+            if not self.gatekeeper.addresses.allows(origin.addr):
+                denial: Decision = ("address_not_allowed", f"{origin.addr} is not in PublishAllowFromAddressList")
+            else:
+                self.in_order(origin.session, self._publish_after_decision(message, origin, reply, start))
+                return
+        else:
+            denial = self.authorizer.check_publish(origin, message.subject)
         if denial is not None:
             self.deny(origin, "publish", denial[0], denial[1], message.subject)
             reply(PublishResult(Status.DENIED, denial[1], denial[0]))
             return
+        self._route(message, origin, reply, start)
+
+    async def _publish_after_decision(self, message: Message, origin: Origin, reply: Reply, start: int) -> None:
+        denial = await self.custom_decision("authorize_publish", origin, message.subject)
+        if denial is not None:
+            self.deny(origin, "publish", denial[0], denial[1], message.subject)
+            reply(PublishResult(Status.DENIED, denial[1], denial[0]))
+            return
+        self._route(message, origin, reply, start)
+
+    # --- asynchronous custom entitlement ----------------------------------------------
+
+    async def custom_decision(self, method: str, origin: Origin, subject: str) -> Decision:
+        """Await an async custom entitlement method (bounded, its failures denied)."""
+        assert isinstance(self.entitlement, CustomEntitlement)
+        try:
+            answer = getattr(self.entitlement.impl, method)(origin.token, subject, origin.addr)
+            if inspect.isawaitable(answer):
+                answer = await asyncio.wait_for(answer, CUSTOM_ENTITLEMENT_TIMEOUT)
+        except Exception as exc:
+            return CustomEntitlement.verdict(method, exc)
+        return CustomEntitlement.verdict(method, answer)
+
+    def in_order(self, key: str, step: Coroutine[Any, Any, None]) -> None:
+        """Run ``step`` after every earlier step of the same client (its requests keep their order)."""
+        previous = self._chains.get(key)
+
+        async def chained() -> None:
+            if previous is not None:
+                with contextlib.suppress(Exception):
+                    await previous
+            await step
+
+        task = self.loop.create_task(chained())
+        self._chains[key] = task
+        task.add_done_callback(lambda done: self._chains.pop(key, None) if self._chains.get(key) is done else None)
+
+    def _route(self, message: Message, origin: Origin, reply: Reply, start: int) -> None:
+        """Sequence here, or forward to the subject's coordinating worker."""
         coordinator = owner(message.subject, self.workers)
         if coordinator == self.worker or self.bus is None:
             reply(self.sequence(message, _origin_fields(origin), start))

@@ -14,13 +14,15 @@ import base64
 import binascii
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from migratory.config import parse_bool
+from migratory.entitlement import Decision
 from migratory.http import Request, json_response, response
 from migratory.message import Message
 from migratory.protocol import Status
-from migratory.server.engine import Engine, PublishResult
+from migratory.server.engine import Engine, Origin, PublishResult
 
 if TYPE_CHECKING:
     from migratory.server.connection import Connection
@@ -57,6 +59,9 @@ def handle(engine: Engine, conn: Connection, request: Request, body: bytes, resp
     if path == "/snapshot":
         if request.method not in ("GET", "HEAD"):
             answer = _error(405, "use GET for /snapshot", keep)
+        elif engine.async_entitlement:
+            engine.in_order(conn.session, _snapshot_after_decision(engine, conn, request, keep, respond))
+            return
         else:
             answer = _snapshot(engine, conn, request, keep)
     elif path == "/health":
@@ -74,19 +79,34 @@ def _wants_json(request: Request) -> bool:
     return "application/json" in request.headers.get("accept", "")
 
 
-def _snapshot(engine: Engine, conn: Connection, request: Request, keep: bool) -> tuple[int, bytes]:
+async def _snapshot_after_decision(
+    engine: Engine, conn: Connection, request: Request, keep: bool, respond: Respond
+) -> None:
+    subject = request.query.get("subject")
+    decided: Decision | bool = False
+    if subject is not None and engine.check_subject(subject) is None:
+        decided = await engine.custom_decision("authorize_subscribe", _origin(conn, request), subject)
+    respond(request, *_snapshot(engine, conn, request, keep, decided))
+
+
+def _origin(conn: Connection, request: Request) -> Origin:
+    origin = conn.origin()
+    return replace(origin, token=request.query["token"]) if "token" in request.query else origin
+
+
+def _snapshot(
+    engine: Engine, conn: Connection, request: Request, keep: bool, decided: Decision | bool = False
+) -> tuple[int, bytes]:
     subject = request.query.get("subject")
     if subject is None:
         return _error(400, "missing query parameter: subject", keep)
-    origin = conn.origin()
-    if "token" in request.query:
-        origin = _with_token(origin, request.query["token"])
+    origin = _origin(conn, request)
     reason = engine.check_subject(subject)
     if reason is not None:
         engine.deny(origin, "snapshot", "invalid_subject", reason, subject)
         return _error(400, f"invalid subject: {reason}", keep)
-    denial = engine.authorizer.check_subscribe(origin, subject)
-    if denial is not None:
+    denial = engine.authorizer.check_subscribe(origin, subject) if decided is False else decided
+    if isinstance(denial, tuple):
         engine.deny(origin, "snapshot", denial[0], denial[1], subject)
         return _error(403, denial[1], keep)
     snapshot = engine.store.get(subject)
@@ -110,12 +130,6 @@ def _snapshot(engine: Engine, conn: Connection, request: Request, keep: bool) ->
     return 200, response(200, body, "application/octet-stream", keep_alive=keep, extra=extra)
 
 
-def _with_token(origin: Any, token: str) -> Any:
-    from dataclasses import replace
-
-    return replace(origin, token=token)
-
-
 def _publish(engine: Engine, conn: Connection, request: Request, body: bytes, keep: bool, respond: Respond) -> None:
     answer = _publish_checked(engine, conn, request, body, keep, respond)
     if answer is not None:
@@ -126,9 +140,7 @@ def _publish_checked(
     engine: Engine, conn: Connection, request: Request, body: bytes, keep: bool, respond: Respond
 ) -> tuple[int, bytes] | None:
     """Validate the request; returns an error answer, or None once the publish is under way."""
-    origin = conn.origin()
-    if "token" in request.query:
-        origin = _with_token(origin, request.query["token"])
+    origin = _origin(conn, request)
     subject = request.query.get("subject")
     retained_text = request.query.get("retained")
     fields: dict[str, str] = {}
