@@ -42,17 +42,27 @@ def _confs(pairs: list[str]) -> dict[str, str]:
 
 @app.command("analyze")
 def analyze(
-    logdirs: Annotated[list[str], typer.Argument(help="Log folders (LogFolder), one per server node; hdfs:// and s3a:// too")],
-    since: Annotated[str | None, typer.Option(help="First instant included, ISO 8601 (UTC unless an offset is given)")] = None,
-    until: Annotated[str | None, typer.Option(help="First instant excluded, ISO 8601 (UTC unless an offset is given)")] = None,
+    logdirs: Annotated[
+        list[str], typer.Argument(help="Log folders (LogFolder), one per server node; hdfs:// and s3a:// too")
+    ],
+    since: Annotated[
+        str | None, typer.Option(help="First instant included, ISO 8601 (UTC unless an offset is given)")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="First instant excluded, ISO 8601 (UTC unless an offset is given)")
+    ] = None,
     master: Annotated[
         str, typer.Option(help="Spark master: local[*] (embedded, default), spark://host:7077, yarn")
     ] = "local[*]",
-    out: Annotated[str, typer.Option(help="Output folder: parquet/, summary.json, charts/, report.html")] = "migratory-report",
+    out: Annotated[
+        str, typer.Option(help="Output folder: parquet/, summary.json, charts/, report.html")
+    ] = "migratory-report",
     top: Annotated[int, typer.Option(min=1, help="Rows in the top-N tables")] = 20,
     storm_window: Annotated[int, typer.Option(min=2, help="Reconnect storm window, seconds")] = 60,
-    storm_threshold: Annotated[int, typer.Option(min=2, help="Connects from one address within the window that make a storm")] = 20,
-    conf: Annotated[list[str], typer.Option("--conf", help="Extra Spark setting KEY=VALUE (repeatable)")] = [],
+    storm_threshold: Annotated[
+        int, typer.Option(min=2, help="Connects from one address within the window that make a storm")
+    ] = 20,
+    conf: Annotated[list[str] | None, typer.Option("--conf", help="Extra Spark setting KEY=VALUE (repeatable)")] = None,
     charts: Annotated[bool, typer.Option("--charts/--no-charts", help="Draw PNG charts and the HTML report")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary instead of tables")] = False,
 ) -> None:
@@ -61,13 +71,16 @@ def analyze(
     start, end = _time(since), _time(until)
     if start is not None and end is not None and start >= end:
         raise typer.BadParameter("--since must be before --until")
-    settings = _confs(conf)
+    settings = _confs(conf or [])
     try:
         from migratory_spark.console import render
         from migratory_spark.report import TABLES, Options, run
         from migratory_spark.session import build_session
     except ImportError as exc:
-        console.print(f"[red]error:[/] PySpark is not installed ({exc}); install the extra: pip install 'migratorydata-py\[spark]'")
+        console.print(
+            rf"[red]error:[/] PySpark is not installed ({exc}); "
+            r"install the extra: pip install 'migratorydata-py\[spark]'"
+        )
         raise typer.Exit(2) from None
     options = Options(
         dirs=logdirs,

@@ -58,13 +58,18 @@ def render(summary: dict[str, Any], console: Console | None = None, top: int = 1
     out.print(_table("Indicators over the last windows", rows, ["indicator", "window", "max", "avg", "stddev"]))
     subjects = summary["subjects"]
     columns = ["subject", "publications", "deliveries", "bytes_out", "max_fanout", "subscriptions"]
-    out.print(_table(f"Top subjects by publications (of {subjects['count']:,})", subjects["top_by_publications"][:top], columns))
+    out.print(
+        _table(
+            f"Top subjects by publications (of {subjects['count']:,})", subjects["top_by_publications"][:top], columns
+        )
+    )
     out.print(_table("Top subjects by deliveries", subjects["top_by_deliveries"][:top], columns))
     out.print(_table("Top subjects by bytes out", subjects["top_by_bytes"][:top], columns))
     out.print(_table("Fan-out distribution", subjects["fanout"]))
     out.print(
         _table(
-            f"Published but never subscribed ({subjects['never_subscribed_count']:,})", subjects["never_subscribed"][:top]
+            f"Published but never subscribed ({subjects['never_subscribed_count']:,})",
+            subjects["never_subscribed"][:top],
         )
     )
     sessions = summary["sessions"]

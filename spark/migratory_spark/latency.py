@@ -9,7 +9,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-__all__ = ["PERCENTILES", "latency_by_subject", "latency_overall", "latency_over_time"]
+__all__ = ["PERCENTILES", "latency_by_subject", "latency_over_time", "latency_overall"]
 
 PERCENTILES = (0.5, 0.9, 0.99, 0.999)
 _ACCURACY = 10000

@@ -1,7 +1,7 @@
 """Read access.log and message.log (and their rotated files) into typed frames.
 
-Each line is parsed against the explicit schema with ``from_json`` in PERMISSIVE
-mode; a line that is not JSON, has a wrongly typed field, no parseable ``ts``,
+Each line is parsed against the explicit schema by Spark's JSON source in
+PERMISSIVE mode; a line that is not JSON, has a wrongly typed field, no parseable ``ts``,
 no ``event`` or an unknown schema version is *corrupt*: it is counted per node
 and file kind and left out of every analysis, never fatal. Every directory
 given is one node; the node is kept on each row so that session ids (unique
@@ -23,7 +23,7 @@ from pyspark.sql.types import StructType
 from migratory_spark import SCHEMA_VERSION
 from migratory_spark.schema import ACCESS_SCHEMA, CORRUPT, MESSAGE_SCHEMA, TS_FORMAT
 
-__all__ = ["LogFrames", "log_paths", "parse_lines", "read_logs"]
+__all__ = ["LogFrames", "log_paths", "read_logs", "typed"]
 
 
 @dataclass(frozen=True)
@@ -61,16 +61,9 @@ def _node(file_col: Column) -> Column:
     return F.regexp_extract(file_col, r"^(?:file:(?://)?)?(.*)/[^/]+$", 1)
 
 
-def parse_lines(lines: DataFrame, schema: StructType) -> DataFrame:
-    """``value``/``node`` text rows -> typed rows with ``time``, ``second`` and a ``bad`` flag."""
-    parsed = lines.where(F.trim("value") != "").select(
-        F.from_json("value", schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("r"),
-        "node",
-        "value",
-    )
-    rows = parsed.select("r.*", "node", "value").withColumn(
-        "time", F.try_to_timestamp(F.col("ts"), F.lit(TS_FORMAT))
-    )
+def typed(rows: DataFrame) -> DataFrame:
+    """Rows parsed against a schema (with ``node``) -> plus ``time``, ``second``, ``session_key`` and a ``bad`` flag."""
+    rows = rows.withColumn("time", F.try_to_timestamp(F.col("ts"), F.lit(TS_FORMAT)))
     bad = (
         F.col(CORRUPT).isNotNull()
         | F.col("time").isNull()
@@ -86,12 +79,19 @@ def parse_lines(lines: DataFrame, schema: StructType) -> DataFrame:
 
 
 def _read_kind(spark: SparkSession, dirs: Sequence[str], name: str, schema: StructType) -> DataFrame:
+    """Spark's JSON source in PERMISSIVE mode: a line that does not fit lands in ``_corrupt``."""
     paths = log_paths(dirs, name)
     if not paths:
-        empty = spark.createDataFrame([], "value STRING, node STRING")
-        return parse_lines(empty, schema)
-    text = spark.read.text(paths).select("value", _node(F.col("_metadata.file_path")).alias("node"))
-    return parse_lines(text, schema)
+        return typed(spark.createDataFrame([], schema).withColumn("node", F.lit(None).cast("string")))
+    rows = (
+        spark.read.schema(schema)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT)
+        .option("timeZone", "UTC")
+        .json(paths)
+        .withColumn("node", _node(F.col("_metadata.file_path")))
+    )
+    return typed(rows)
 
 
 def _window(frame: DataFrame, since: datetime | None, until: datetime | None) -> DataFrame:
@@ -117,13 +117,16 @@ def read_logs(
         messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
     corrupt = (
         access.where("bad")
-        .select(F.lit("access").alias("kind"), "node", "value")
-        .unionByName(messages.where("bad").select(F.lit("message").alias("kind"), "node", "value"))
+        .select(F.lit("access").alias("kind"), "node", CORRUPT, "ts")
+        .unionByName(messages.where("bad").select(F.lit("message").alias("kind"), "node", CORRUPT, "ts"))
         .groupBy("kind", "node")
-        .agg(F.count(F.lit(1)).alias("lines"), F.min(F.substring("value", 1, 200)).alias("example"))
+        .agg(
+            F.count(F.lit(1)).alias("lines"),
+            F.min(F.substring(F.coalesce(CORRUPT, F.concat(F.lit("ts="), "ts")), 1, 200)).alias("example"),
+        )
     )
-    keep_access = [c for c in access.columns if c not in (CORRUPT, "value", "bad")]
-    keep_messages = [c for c in messages.columns if c not in (CORRUPT, "value", "bad")]
+    keep_access = [c for c in access.columns if c not in (CORRUPT, "bad")]
+    keep_messages = [c for c in messages.columns if c not in (CORRUPT, "bad")]
     good_access = _window(access.where(~F.col("bad")).select(*keep_access), since, until)
     good_messages = _window(messages.where(~F.col("bad")).select(*keep_messages), since, until)
     return LogFrames(access=good_access, messages=good_messages, corrupt=corrupt)

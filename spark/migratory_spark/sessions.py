@@ -59,7 +59,9 @@ def duration_distribution(access: DataFrame) -> DataFrame:
         label = F.when(inside, F.lit(name)).otherwise(label)
         order = F.when(inside, F.lit(index)).otherwise(order)
     ended = access.where((F.col("event") == "disconnect") & duration.isNotNull())
-    counted = ended.groupBy(order.alias("bucket_order"), label.alias("duration")).agg(F.count(F.lit(1)).alias("sessions"))
+    counted = ended.groupBy(order.alias("bucket_order"), label.alias("duration")).agg(
+        F.count(F.lit(1)).alias("sessions")
+    )
     return _share(counted, "sessions").orderBy("bucket_order")
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from migratory_spark.times import parse_time  # noqa: E402
+from migratory_spark.times import parse_time
 
 __all__ = ["main"]
 

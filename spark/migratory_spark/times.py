@@ -15,7 +15,9 @@ def parse_time(text: str) -> datetime:
     try:
         value = datetime.fromisoformat(raw)
     except ValueError:
-        raise ValueError(f"{text!r} is not an ISO 8601 date or time (e.g. 2026-11-22 or 2026-11-22T15:04:05Z)") from None
+        raise ValueError(
+            f"{text!r} is not an ISO 8601 date or time (e.g. 2026-11-22 or 2026-11-22T15:04:05Z)"
+        ) from None
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC)

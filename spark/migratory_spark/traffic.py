@@ -76,11 +76,7 @@ def traffic(messages: DataFrame, unit: str) -> DataFrame:
     if unit not in ("minute", "hour", "day"):
         raise ValueError(f"unit must be minute, hour or day, not {unit!r}")
     rates = message_rates(messages, F.date_trunc(unit, F.col("time")))
-    return (
-        rates.withColumnRenamed("bucket", "start")
-        .withColumn("date", F.to_date("start"))
-        .orderBy("start")
-    )
+    return rates.withColumnRenamed("bucket", "start").withColumn("date", F.to_date("start")).orderBy("start")
 
 
 def indicators_per_second(access: DataFrame, messages: DataFrame, spark: SparkSession) -> DataFrame:
@@ -223,7 +219,10 @@ def indicator_history(per_second: DataFrame) -> DataFrame:
         "peak",
     )
     grouped = exploded.groupBy("window", "seconds", "start_second", "indicator").agg(
-        F.sum("n").alias("n"), F.sum("total").alias("total"), F.sum("squares").alias("squares"), F.max("peak").alias("peak")
+        F.sum("n").alias("n"),
+        F.sum("total").alias("total"),
+        F.sum("squares").alias("squares"),
+        F.max("peak").alias("peak"),
     )
     start = F.timestamp_seconds("start_second")
     return _finish(grouped).select(
