@@ -12,8 +12,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -124,3 +128,13 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
 @pytest.fixture
 def server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
     return server_factory()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local SparkSession for every Spark test (a JVM start costs seconds)."""
+    from migratory_spark.session import build_session
+
+    session = build_session("local[2]", app_name="migratory-tests", conf={"spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,19 +11,11 @@ from typing import Any
 import pytest
 from migratory_spark import latency, security, sessions, subjects, traffic
 from migratory_spark.reader import LogFrames, read_logs
-from migratory_spark.session import build_session
 from pyspark.sql import DataFrame, SparkSession
 
 from tests.spark_fixtures import INDICATORS, T0, Logs, known_logs, reference_series
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    session = build_session("local[2]", app_name="migratory-tests", conf={"spark.sql.shuffle.partitions": "4"})
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ server's package stays small; it is imported only when this command runs.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -72,6 +73,11 @@ def analyze(
     if start is not None and end is not None and start >= end:
         raise typer.BadParameter("--since must be before --until")
     settings = _confs(conf or [])
+    for folder in logdirs:  # local folders are checked before a JVM is started for nothing
+        local = folder.removeprefix("file://")
+        if "://" not in local and not os.path.isdir(local):
+            typer.echo(f"error: {folder}: not a directory", err=True)
+            raise typer.Exit(2)
     try:
         from migratory_spark.console import render
         from migratory_spark.report import TABLES, Options, run
@@ -107,7 +113,7 @@ def analyze(
         try:
             spark = build_session(master, conf=settings)
         except Exception as exc:  # no Java, bad master URL: the JVM gateway's own message says which
-            console.print(f"[red]error:[/] cannot start Spark on {master}: {exc}")
+            typer.echo(f"error: cannot start Spark on {master}: {exc}", err=True)
             raise typer.Exit(2) from None
 
         def step(name: str) -> None:
@@ -116,7 +122,7 @@ def analyze(
         try:
             summary = run(spark, options, step)
         except FileNotFoundError as exc:
-            console.print(f"[red]error:[/] {exc}")
+            typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
         finally:
             spark.stop()

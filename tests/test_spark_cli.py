@@ -1,0 +1,237 @@
+"""Log analytics end to end: the real server's logs, the CLI report, and spark-submit on a standalone cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import migratory_spark
+import pytest
+from migratory_spark import security, sessions, subjects, traffic
+from migratory_spark.generate import GenerateResult, generate
+from migratory_spark.reader import read_logs
+from pyspark.sql import SparkSession
+
+from migratory.client import MigratoryClient
+from tests.conftest import ServerProcess, free_port, wait_for_port
+
+pytestmark = pytest.mark.slow
+
+MIGRATORY = [sys.executable, "-m", "migratory_cli.main"]
+SPARK_HOME = Path(os.path.dirname(__import__("pyspark").__file__))
+SUBMIT_PY = Path(migratory_spark.__file__).parent / "submit.py"
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> GenerateResult:
+    # two nodes, just over an hour each: one reconnect storm and two corrupt lines per node
+    return generate(str(tmp_path_factory.mktemp("gen")), 4_000_000, nodes=2, publish_rate=5, clients=100)
+
+
+def test_the_servers_own_logs(server_factory: Callable[..., ServerProcess], spark: SparkSession) -> None:
+    """What the server writes is what the jobs read: one session of real traffic, analysed."""
+    server = server_factory({"MessageSizeLimit": "1K"})
+
+    async def traffic_() -> None:
+        async with MigratoryClient([server.ws_url]) as reader, MigratoryClient([server.ws_url]) as writer:
+            assert (await reader.subscribe(["/live/a", "bad subject"]))["/live/a"].name == "OK"
+            for i in range(5):
+                await writer.publish("/live/a", f"v{i}")
+            for _ in range(5):
+                await reader.next_message(timeout=5)
+            await writer.publish("/live/nobody", "x")
+            await writer.publish("/live/a", b"x" * 4096)  # over MessageSizeLimit
+
+    asyncio.run(traffic_())
+    assert server.stop() == 0
+    frames = read_logs(spark, [str(server.log_folder)], persist=False)
+    assert frames.corrupt.count() == 0
+    stats = {r["subject"]: r for r in subjects.subject_stats(frames.access, frames.messages).collect()}
+    assert (stats["/live/a"]["publications"], stats["/live/a"]["deliveries"]) == (5, 5)
+    assert stats["/live/nobody"]["no_subscriber"] == 1
+    denied = {r["reason_code"]: r["denied"] for r in security.denied_by_reason(frames.access).collect()}
+    assert denied == {"invalid_subject": 1, "message_too_big": 1}
+    reasons = {r["reason"]: r["disconnects"] for r in sessions.disconnect_reasons(frames.access).collect()}
+    assert reasons == {"client_closed": 2}
+    series = traffic.indicators_per_second(frames.access, frames.messages, spark)
+    assert series.agg({"connected_clients": "max"}).first()[0] == 2  # type: ignore[index]
+    assert series.orderBy("second", ascending=False).first()["connected_clients"] == 0  # type: ignore[index]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_cli_report(generated: GenerateResult, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = subprocess.run(
+        [*MIGRATORY, "logs", "analyze", *generated.folders, "--out", str(out), "--top", "5"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for title in ("Traffic totals", "Top subjects by publications", "Reconnect storms", "Denied requests by reason"):
+        assert title in result.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["lines"] == {
+        "access": generated.access_lines,
+        "message": generated.message_lines,
+        "corrupt": generated.corrupt_lines,
+    }
+    assert summary["traffic"]["totals"]["messages_in"] == generated.message_lines
+    assert summary["sessions"]["reconnect_storm_addresses"] == 2  # one storm per node, each from its own address
+    assert len(summary["subjects"]["top_by_publications"]) == 5
+    assert set(summary["traffic"]["indicators"]) == set(traffic.INDICATORS)
+    assert set(summary["traffic"]["indicators"]["connected_clients"]) == set(traffic.WINDOWS)
+    # Parquet: time series partitioned by date, every table readable
+    assert list((out / "parquet" / "traffic_per_minute").glob("date=2026-11-02/*.parquet"))
+    assert list((out / "parquet" / "subject_stats").glob("*.parquet"))
+    charts = summary["outputs"]["charts"]
+    assert set(charts) == {"traffic", "concurrency", "latency", "top_subjects", "fanout", "durations", "denied"}
+    for path in charts.values():
+        width, height = _png_size(Path(path))
+        assert width >= 800 and height >= 300
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(charts)
+    assert "http://" not in html and "https://" not in html  # self-contained
+
+
+def test_cli_rejects_bad_input(tmp_path: Path) -> None:
+    missing = subprocess.run(
+        [*MIGRATORY, "logs", "analyze", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert missing.returncode == 2 and "nope: not a directory" in missing.stderr
+    bad_time = subprocess.run(
+        [*MIGRATORY, "logs", "analyze", str(tmp_path), "--since", "yesterday"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad_time.returncode == 2 and "ISO 8601" in bad_time.stderr
+
+
+def _spark_class(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_NO_DAEMONIZE="1")
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            [str(SPARK_HOME / "bin" / "spark-class"), *args],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A Spark standalone master and one worker on 127.0.0.1; yields the master URL and the worker's work dir."""
+    port, ui = free_port(), free_port()
+    work = tmp_path / "worker"
+    work.mkdir()
+    procs = [
+        _spark_class(
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui),
+            log=tmp_path / "master.log",
+        )
+    ]
+    try:
+        wait_for_port("127.0.0.1", port, timeout=60)
+        url = f"spark://127.0.0.1:{port}"
+        procs.append(
+            _spark_class(
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--webui-port",
+                str(free_port()),
+                "--cores",
+                "2",
+                "--memory",
+                "1g",
+                "--work-dir",
+                str(work),
+                url,
+                log=tmp_path / "worker.log",
+            )
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            with (
+                contextlib.suppress(OSError, ValueError),
+                urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as reply,
+            ):
+                if json.load(reply).get("aliveworkers", 0) >= 1:
+                    break
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-2000:]
+            time.sleep(0.5)
+        yield url, work
+    finally:
+        for proc in reversed(procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_spark_submit_on_a_standalone_cluster(
+    standalone: tuple[str, Path], generated: GenerateResult, tmp_path: Path
+) -> None:
+    url, work = standalone
+    out = tmp_path / "cluster-report"
+    python = sys.executable  # the driver imports migratory_spark; executors run no Python
+    env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python)
+    result = subprocess.run(
+        [
+            str(SPARK_HOME / "bin" / "spark-submit"),
+            "--master",
+            url,
+            "--conf",
+            "spark.executor.memory=512m",
+            "--conf",
+            "spark.sql.shuffle.partitions=4",
+            str(SUBMIT_PY),
+            *generated.folders,
+            "--out",
+            str(out),
+            "--no-charts",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["spark"]["master"] == url
+    assert summary["lines"]["message"] == generated.message_lines
+    assert summary["lines"]["corrupt"] == generated.corrupt_lines
+    assert summary["sessions"]["reconnect_storm_addresses"] == 2
+    assert "Traffic totals" in result.stdout
+    # the work ran in the worker's executor, not in the driver
+    assert list(work.glob("app-*/*/stderr"))
