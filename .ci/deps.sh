@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# System packages the test suite drives for real: the peer servers of the benchmark
+# System packages the test suite drives for real: Java for Spark, the peer servers of the benchmark
 # comparison (NATS and Mosquitto from Debian), nftables and iproute2 for the DMZ test,
 # openssl for the TLS test. Idempotent; needs root and apt.
 set -euo pipefail
@@ -9,6 +9,9 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mos
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need+=(iproute2)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# Java 17+ for PySpark (the log analytics); pyspark itself comes from PyPI with the `spark` extra
+java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1 || true)
+if [ -z "$java_major" ] || [ "$java_major" -lt 17 ]; then need+=(openjdk-17-jre-headless); fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})" >&2

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -128,7 +129,7 @@ def test_cli_rejects_bad_input(tmp_path: Path) -> None:
 
 
 def _spark_class(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_NO_DAEMONIZE="1")
+    env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_NO_DAEMONIZE="1", SPARK_LOCAL_IP="127.0.0.1")
     with log.open("wb") as sink:
         return subprocess.Popen(
             [str(SPARK_HOME / "bin" / "spark-class"), *args],
@@ -205,7 +206,13 @@ def test_spark_submit_on_a_standalone_cluster(
     url, work = standalone
     out = tmp_path / "cluster-report"
     python = sys.executable  # the driver imports migratory_spark; executors run no Python
-    env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python)
+    env = dict(
+        os.environ,
+        SPARK_HOME=str(SPARK_HOME),
+        SPARK_LOCAL_IP="127.0.0.1",  # driver, master, worker and executor all on loopback
+        PYSPARK_PYTHON=python,
+        PYSPARK_DRIVER_PYTHON=python,
+    )
     result = subprocess.run(
         [
             str(SPARK_HOME / "bin" / "spark-submit"),
@@ -235,3 +242,24 @@ def test_spark_submit_on_a_standalone_cluster(
     assert "Traffic totals" in result.stdout
     # the work ran in the worker's executor, not in the driver
     assert list(work.glob("app-*/*/stderr"))
+
+
+def test_cli_generate_writes_parseable_logs(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*MIGRATORY, "logs", "generate", str(tmp_path), "--size", "300K", "--nodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = 0
+    for node in ("node-0", "node-1"):
+        for name in ("access.log", "message.log"):
+            for line in (tmp_path / node / name).read_text().splitlines():
+                record = json.loads(line)
+                assert record["v"] == 1 and record["ts"].endswith("Z")
+                lines += 1
+    found = re.search(r"([\d,]+) access, ([\d,]+) message", result.stdout)
+    assert found is not None, result.stdout
+    access, message = (int(n.replace(",", "")) for n in found.groups())
+    assert lines == access + message

@@ -189,3 +189,51 @@ def peers_cmd(
     _console.print(_table(reports))
     if as_json is not None:
         as_json.write_text(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")
+
+
+@app.command("logs")
+def logs_cmd(
+    size: str = typer.Option("1G", help="Bytes of logs to generate (K, M, G suffixes)."),
+    nodes: int = typer.Option(2, min=1, help="Server nodes (one log folder each)."),
+    master: str = typer.Option("local[*]", help="Spark master."),
+    driver_memory: str = typer.Option("4g", help="spark.driver.memory (local mode runs in the driver)."),
+    workdir: Path = typer.Option(Path("bench/work-logs"), help="Scratch folder for the logs and the report."),
+    keep: bool = typer.Option(False, help="Keep the generated logs."),
+    as_json: Path | None = typer.Option(None, "--json", help="Also write the measurements as JSON to this file."),
+) -> None:
+    """Log analytics: generate SIZE of realistic logs, run the whole Spark report, print time and rows/s."""
+    from migratory.config import parse_size
+
+    try:
+        size_bytes = parse_size(size)
+        from migratory_spark.bench import run_bench
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    except ImportError as exc:
+        typer.echo(f"error: PySpark is not installed ({exc}); pip install 'migratorydata-py[spark]'", err=True)
+        raise typer.Exit(2) from None
+    with Progress(TextColumn("[bold]{task.description}"), TimeElapsedColumn(), console=_console) as progress:
+        task = progress.add_task("starting", total=None)
+        result = run_bench(
+            size_bytes,
+            str(workdir),
+            nodes=nodes,
+            master=master,
+            driver_memory=driver_memory,
+            keep=keep,
+            step=lambda name: progress.update(task, description=name),
+        )
+    table = Table(title="migratory bench logs")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    data = result["input"]
+    table.add_row("input", f"{data['bytes'] / 1e6:,.0f} MB, {nodes} nodes")
+    table.add_row("lines", f"{data['access_lines'] + data['message_lines'] + data['corrupt_lines']:,}")
+    table.add_row("generate (s)", f"{result['generate_seconds']:,.1f}")
+    table.add_row("analyze, whole report (s)", f"{result['analyze_seconds']:,.1f}")
+    table.add_row("rows/s", f"{result['rows_per_second']:,}")
+    table.add_row("MB/s", f"{result['megabytes_per_second']:,.2f}")
+    _console.print(table)
+    if as_json is not None:
+        as_json.parent.mkdir(parents=True, exist_ok=True)
+        as_json.write_text(json.dumps(result, indent=2) + "\n")

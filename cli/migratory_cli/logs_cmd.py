@@ -131,3 +131,27 @@ def analyze(
         typer.echo(json.dumps(summary, indent=2))
     else:
         render(summary, console, top=top)
+
+
+@app.command("generate")
+def generate_cmd(
+    out: Annotated[str, typer.Argument(help="Folder to write node-0, node-1, ... log folders into")],
+    size: Annotated[str, typer.Option(help="Total bytes of logs (K, M, G suffixes)")] = "50M",
+    nodes: Annotated[int, typer.Option(min=1, help="Server nodes, one log folder each")] = 1,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same logs)")] = 7,
+) -> None:
+    """Write realistic synthetic logs in the server's schema, to try the report or measure it."""
+    from migratory.config import parse_size
+
+    try:
+        size_bytes = parse_size(size)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    from migratory_spark.generate import generate
+
+    made = generate(out, size_bytes, nodes=nodes, seed=seed)
+    typer.echo(
+        f"{made.bytes:,} bytes: {made.access_lines:,} access, {made.message_lines:,} message and "
+        f"{made.corrupt_lines} corrupt lines from {made.first:%Y-%m-%dT%H:%M:%SZ} to {made.last:%Y-%m-%dT%H:%M:%SZ} "
+        f"in {', '.join(made.folders)}"
+    )

@@ -40,6 +40,9 @@ def build_session(
         # one machine: a few shuffle partitions beat Spark's 200 tiny ones
         settings["spark.sql.shuffle.partitions"] = str(max(4, 2 * (os.cpu_count() or 2)))
         settings["spark.ui.enabled"] = "false"
+        # embedded: the driver talks to itself only, never on the machine's public address
+        settings["spark.driver.host"] = "127.0.0.1"
+        settings["spark.driver.bindAddress"] = "127.0.0.1"
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
