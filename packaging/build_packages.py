@@ -12,6 +12,7 @@ the build machine is left in any file.
 from __future__ import annotations
 
 import argparse
+import base64
 import gzip
 import hashlib
 import os
@@ -116,27 +117,50 @@ def stage_python(build: Build) -> None:
     run([PYTHON, "-m", "venv", "--without-pip", str(venv)])
     pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "--disable-pip-version-check"]
     run(
-        [*pip, "install", "--quiet", "--no-compile", "--no-warn-script-location", "--only-binary=:all:"]
-        + ["-c", str(HERE / "constraints.txt"), str(src)],
+        [
+            *pip,
+            *("install", "--quiet", "--no-compile", "--no-warn-script-location", "--only-binary=:all:"),
+            *("-c", str(HERE / "constraints.txt"), str(src)),
+        ],
         env=build.env,
     )
     site = next((venv / "lib").glob("python3.*/site-packages"))
     for direct_url in site.glob("*.dist-info/direct_url.json"):  # names the build directory
         record = direct_url.parent / "RECORD"
-        lines = [line for line in record.read_text().splitlines() if not line.startswith(f"{direct_url.parent.name}/direct_url.json,")]
+        entry = f"{direct_url.parent.name}/direct_url.json,"
+        lines = [line for line in record.read_text().splitlines() if not line.startswith(entry)]
         record.write_text("\n".join(lines) + "\n")
         direct_url.unlink()
+    rewritten: set[Path] = set()
     for path in venv.rglob("*"):  # scripts and pyvenv.cfg name the staging path
         if path.is_file() and not path.is_symlink() and path.suffix != ".so":
             data = path.read_bytes()
             if str(venv).encode() in data:
                 path.write_bytes(data.replace(str(venv).encode(), str(PREFIX).encode()))
+                rewritten.add(path.resolve())
+    for record in site.glob("*.dist-info/RECORD"):  # their hashes must match what is shipped
+        record.write_text(
+            "".join(record_line(record.parent.parent, line, rewritten) for line in record.read_text().splitlines())
+        )
     run(
-        [str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "checked-hash"]
-        + ["-s", str(build.tree), "-p", "/", str(site)],
+        [
+            *(str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j", "0"),
+            *("--invalidation-mode", "checked-hash", "-s", str(build.tree), "-p", "/", str(site)),
+        ],
         env=build.env,
         stdout=subprocess.DEVNULL,
     )
+
+
+def record_line(site: Path, line: str, rewritten: set[Path]) -> str:
+    """One RECORD line, with hash and size recomputed when its file was rewritten."""
+    name, _, _ = line.rpartition(",")[0].rpartition(",")
+    path = (site / name).resolve()
+    if path not in rewritten:
+        return line + "\n"
+    data = path.read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}\n"
 
 
 def stage_files(build: Build) -> None:
@@ -159,7 +183,7 @@ def stage_files(build: Build) -> None:
     doc.mkdir(parents=True)
     (doc / "copyright").write_text(
         "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n"
-        f"Upstream-Name: migratorydata-py\n\nFiles: *\nCopyright: the migratorydata-py authors\nLicense: Proprietary\n"
+        "Upstream-Name: migratorydata-py\n\nFiles: *\nCopyright: the migratorydata-py authors\nLicense: Proprietary\n"
     )
     for name in ("operations.md", "configuration.md", "security.md"):
         if (REPO / "docs" / name).exists():
@@ -240,7 +264,7 @@ def build_deb(build: Build) -> Path:
     normalise(root, build.epoch)
     build.out.mkdir(parents=True, exist_ok=True)
     deb = build.out / f"{NAME}_{build.version}_{arch}.deb"
-    run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)], env=build.env)
+    run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)], env=build.env, stdout=sys.stderr)
     return deb
 
 
@@ -250,9 +274,11 @@ def build_rpm(build: Build) -> Path:
     shutil.rmtree(top, ignore_errors=True)
     top.mkdir()
     run(
-        ["rpmbuild", "-bb", "--nodeps", "--quiet", str(HERE / "rpm" / f"{NAME}.spec")]
-        + ["--define", f"_topdir {top}", "--define", f"mdversion {build.version}"]
-        + ["--define", f"stagedir {build.tree}", "--define", f"unitfile {HERE / 'common' / 'migratorydata.service'}"],
+        [
+            *("rpmbuild", "-bb", "--nodeps", "--quiet", str(HERE / "rpm" / f"{NAME}.spec")),
+            *("--define", f"_topdir {top}", "--define", f"mdversion {build.version}"),
+            *("--define", f"stagedir {build.tree}", "--define", f"unitfile {HERE / 'common' / f'{NAME}.service'}"),
+        ],
         env=build.env,
     )
     built = sorted((top / "RPMS").rglob("*.rpm"))

@@ -10,7 +10,6 @@ import sys
 from typing import Any
 
 import typer
-
 from migratory_cli.main import app
 
 
