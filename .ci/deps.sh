@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # System packages the test suite drives for real: the peer servers of the benchmark
 # comparison (NATS and Mosquitto from Debian), nftables and iproute2 for the DMZ test,
-# openssl for the TLS test. Idempotent; needs root and apt.
+# openssl for the TLS test; for the packaging and image tests: Debian's python3.11 (the
+# packaged venv's interpreter), debootstrap (the test chroot and the base image), rpm
+# (rpmbuild), packer, qemu (qemu-img, the boot test) and extlinux (the base image's
+# boot loader). Idempotent; needs root and apt.
 set -euo pipefail
 need=()
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=(nats-server)
@@ -9,6 +12,17 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mos
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need+=(iproute2)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+[ -x /usr/bin/python3.11 ] || need+=(python3.11)
+command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
+[ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+command -v rpmbuild >/dev/null 2>&1 || need+=(rpm)
+command -v packer >/dev/null 2>&1 || need+=(packer)
+command -v qemu-img >/dev/null 2>&1 || need+=(qemu-utils)
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+[ -x /usr/bin/extlinux ] || [ -x /usr/sbin/extlinux ] || need+=(extlinux syslinux-common)
+command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})" >&2
