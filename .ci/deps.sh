@@ -21,6 +21,7 @@ command -v qemu-img >/dev/null 2>&1 || need+=(qemu-utils)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+command -v sfdisk >/dev/null 2>&1 || [ -x /usr/sbin/sfdisk ] || need+=(fdisk)
 [ -x /usr/bin/extlinux ] || [ -x /usr/sbin/extlinux ] || need+=(extlinux syslinux-common)
 command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 if [ ${#need[@]} -gt 0 ]; then

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -327,13 +328,16 @@ def test_service_runs_as_user_on_privileged_port(installed: Chroot) -> None:
             return (await subscriber.next_message(10)).content
 
     assert asyncio.run(round_trip()) == b"from the package"
+    logs = installed.path("/var/log/migratorydata")
+    deadline = time.monotonic() + 5  # logs are flushed once a second
+    while "/pkg/test" not in (logs / "message.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "/pkg/test" in (logs / "message.log").read_text(), sorted(p.name for p in logs.iterdir())
+    assert (logs / "message.log").stat().st_uid == uid
     proc.send_signal(signal.SIGHUP)  # ExecReload: no TLS configured, so nothing to reload, and still serving
     wait_for_port(host, 80, timeout=5, proc=proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
-    logs = installed.path("/var/log/migratorydata")
-    assert (logs / "server.log").stat().st_uid == uid
-    assert "/pkg/test" in (logs / "message.log").read_text()
 
 
 # --- upgrade and purge -------------------------------------------------------------------------------------
@@ -364,7 +368,7 @@ def test_remove_keeps_and_purge_removes_user_and_data(built: Built, chroot: Chro
     assert chroot.run("getent", "group", "migratorydata", check=False).returncode == 2
     for gone in ("/etc/migratorydata", "/var/log/migratorydata", "/var/lib/migratorydata", "/opt/migratorydata"):
         assert not chroot.path(gone).exists(), gone
-    assert "migratorydata" not in chroot.run("dpkg-statoverride", "--list").stdout
+    assert "migratorydata" not in chroot.run("dpkg-statoverride", "--list", check=False).stdout
     assert not chroot.path("/etc/systemd/system/multi-user.target.wants/migratorydata.service").exists()
 
 
@@ -386,7 +390,7 @@ def test_rpm_contents_and_scriptlets(built: Built) -> None:
     ):
         assert path in files
     assert rpm_query(built.rpm, "-c").split() == [CONF]  # %config(noreplace)
-    listing = rpm_query(built.rpm, "--qf", "[%{FILENAMES} %{FILEUSERNAME} %{FILEGROUPNAME} %{FILEMODE:perms}\n]")
+    listing = rpm_query(built.rpm, "--qf", "[%{FILENAMES} %{FILEUSERNAME} %{FILEGROUPNAME} %{FILEMODES:perms}\n]")
     owners = {line.split()[0]: line.split()[1:] for line in listing.splitlines()}
     assert owners[CONF] == ["root", "migratorydata", "-rw-r-----"]
     assert owners["/var/log/migratorydata"] == ["migratorydata", "migratorydata", "drwxr-x---"]
@@ -409,4 +413,52 @@ def test_rpm_installs_with_scriptlets_into_a_root(built: Built, chroot: Chroot) 
     assert chroot.path("/usr/lib/systemd/system/migratorydata.service").is_file()
     check = chroot.run("runuser", "-u", "migratorydata", "--", "migratory", "config", "check", CONF)
     assert "OK" in check.stdout + check.stderr
-    assert sh("rpm", "--root", str(chroot.root), "-V", "migratorydata", check=False).stdout == ""
+    # every file as packaged (dependencies are Debian's here, not in the RPM database)
+    assert sh("rpm", "--root", str(chroot.root), "-V", "--nodeps", "migratorydata", check=False).stdout == ""
+
+
+# --- the VM image: Packer template and wrapper ----------------------------------------------------------------
+
+IMAGE_WRAPPER = ROOT / "images" / "build_image.py"
+
+
+@pytest.fixture(scope="module")
+def image_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A qcow2 (empty: validation does not boot it) and an SSH key, what the wrapper checks besides the DEB."""
+    base = tmp_path_factory.mktemp("image")
+    sh("qemu-img", "create", "-q", "-f", "qcow2", str(base / "base.qcow2"), "1G")
+    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(base / "packer_ed25519"))
+    return base / "base.qcow2", base / "packer_ed25519"
+
+
+def wrapper(*args: str) -> subprocess.CompletedProcess[str]:
+    return sh(sys.executable, str(IMAGE_WRAPPER), *args, check=False, timeout=120)
+
+
+@pytest.mark.skipif(shutil.which("packer") is None, reason="needs packer (.ci/deps.sh)")
+def test_packer_validate_through_the_wrapper(built: Built, image_inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    base, key = image_inputs
+    common = ["--base", str(base), "--deb", str(built.deb), "--ssh-key", str(key)]
+    done = wrapper("validate", *common)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "image ports: [8800]" in done.stderr  # the packaged configuration's Listen
+    conf = tmp_path / "appliance.conf"
+    conf.write_text("Listen = *:80\nListenEncrypted = none\nMonitorHTTP.Listen = 10.0.0.5:8801\n")
+    custom = wrapper("validate", *common, "--config", str(conf))
+    assert custom.returncode == 0 and "image ports: [80, 8801]" in custom.stderr, custom.stderr
+
+
+def test_image_wrapper_refuses_bad_inputs(built: Built, image_inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    base, key = image_inputs
+    broken = tmp_path / "broken.conf"
+    broken.write_text("Listen = *:8800\nWorkers = lots\n")
+    bad_conf = wrapper(
+        "validate", "--base", str(base), "--deb", str(built.deb), "--ssh-key", str(key), "--config", str(broken)
+    )
+    assert bad_conf.returncode == 2 and f"{broken}:2: Workers:" in bad_conf.stderr
+    not_qcow = tmp_path / "disk.raw"
+    not_qcow.write_bytes(b"\0" * 4096)
+    bad_base = wrapper("validate", "--base", str(not_qcow), "--deb", str(built.deb), "--ssh-key", str(key))
+    assert bad_base.returncode == 2 and "not a qcow2 image" in bad_base.stderr
+    bad_deb = wrapper("validate", "--base", str(base), "--deb", str(broken), "--ssh-key", str(key))
+    assert bad_deb.returncode == 2 and "not a Debian package" in bad_deb.stderr
