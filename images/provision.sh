@@ -22,7 +22,7 @@ table inet filter {
         iif lo accept
         ct state established,related accept
         ct state invalid drop
-        meta l4proto { icmp, ipv6-icmp } accept
+        meta l4proto { 1, 58 } accept  # icmp, ipv6-icmp (by number: minbase has no /etc/protocols)
         tcp dport 22 accept
         tcp dport { $ports } accept
     }

@@ -25,6 +25,7 @@ import sys
 import tarfile
 import time
 import tomllib
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ import pytest
 
 from migratory.client import MigratoryClient
 from migratory.protocol import Status
-from tests.conftest import wait_for_port
+from tests.conftest import free_port, wait_for_port
 
 pytestmark = [
     pytest.mark.slow,
@@ -462,3 +463,82 @@ def test_image_wrapper_refuses_bad_inputs(built: Built, image_inputs: tuple[Path
     assert bad_base.returncode == 2 and "not a qcow2 image" in bad_base.stderr
     bad_deb = wrapper("validate", "--base", str(base), "--deb", str(broken), "--ssh-key", str(key))
     assert bad_deb.returncode == 2 and "not a Debian package" in bad_deb.stderr
+
+
+# --- the VM image, built and booted -------------------------------------------------------------------------
+
+BASE_IMAGE_SCRIPT = ROOT / "images" / "base_image.py"
+
+
+@pytest.fixture(scope="session")
+def base_image() -> tuple[Path, Path]:
+    """The debootstrap'ed base disk and Packer's key, cached in CACHE per version of images/base_image.py."""
+    digest = hashlib.sha256(BASE_IMAGE_SCRIPT.read_bytes()).hexdigest()[:12]
+    folder = CACHE / f"base-image-{digest}"
+    image, key = folder / "debian-12-base.qcow2", folder / "packer_ed25519"
+    if not image.exists():
+        sh(sys.executable, str(BASE_IMAGE_SCRIPT), "--out", str(image), "--ssh-key", str(key), timeout=1800)
+    return image, key
+
+
+def ssh(port: int, key: Path, command: str) -> subprocess.CompletedProcess[str]:
+    options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+    return sh("ssh", "-i", str(key), *options, "-p", str(port), "root@127.0.0.1", command, check=False, timeout=60)
+
+
+@pytest.mark.skipif(
+    os.environ.get("MIGRATORY_IMAGE_TEST", "0") == "0" or shutil.which("packer") is None,
+    reason="MIGRATORY_IMAGE_TEST=0, or no packer (.ci/deps.sh)",
+)
+def test_image_builds_boots_and_serves(built: Built, base_image: tuple[Path, Path], tmp_path: Path) -> None:
+    """Packer installs the DEB into the base disk; the result boots under qemu (software emulation) and serves."""
+    base, key = base_image
+    out = tmp_path / "image"
+    common = ["--base", str(base), "--deb", str(built.deb), "--ssh-key", str(key), "--accel", "tcg"]
+    done = sh(sys.executable, str(IMAGE_WRAPPER), "build", *common, "--output", str(out), check=False, timeout=2400)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    image = out / "migratorydata.qcow2"
+    assert image.is_file()
+    web, ssh_port = free_port(), free_port()
+    forwards = f"hostfwd=tcp:127.0.0.1:{web}-:8800,hostfwd=tcp:127.0.0.1:{ssh_port}-:22"
+    console = tmp_path / "console.log"
+    qemu = subprocess.Popen(
+        [
+            *("qemu-system-x86_64", "-accel", "tcg", "-m", "1024", "-smp", "2", "-nographic", "-snapshot"),
+            *("-drive", f"file={image},if=virtio,format=qcow2"),
+            *("-netdev", f"user,id=n0,{forwards}", "-device", "virtio-net-pci,netdev=n0"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=console.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        health = ""
+        while time.monotonic() < deadline and qemu.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{web}/health", timeout=5) as answer:
+                    health = answer.read().decode()
+                    break
+            except OSError:
+                time.sleep(2)
+        assert '"status":"ok"' in health, console.read_text(errors="replace")[-3000:]
+
+        async def round_trip() -> bytes:
+            url = f"ws://127.0.0.1:{web}"
+            async with MigratoryClient([url]) as subscriber, MigratoryClient([url]) as publisher:
+                assert await subscriber.subscribe(["/vm/test"]) == {"/vm/test": Status.OK}
+                assert await publisher.publish("/vm/test", b"from the image") == Status.OK
+                return (await subscriber.next_message(20)).content
+
+        assert asyncio.run(round_trip()) == b"from the image"
+        state = ssh(ssh_port, key, "systemctl is-enabled migratorydata nftables; systemctl is-active migratorydata")
+        assert state.stdout.split() == ["enabled", "enabled", "active"], state.stdout + state.stderr
+        user = ssh(ssh_port, key, "ps -o user= -p $(systemctl show -p MainPID --value migratorydata)")
+        assert user.stdout.strip() == "migratorydata", user.stdout + user.stderr
+        rules = ssh(ssh_port, key, "nft list chain inet filter input")
+        opened = [line for line in rules.stdout.splitlines() if "tcp dport" in line and "accept" in line]
+        assert "policy drop" in rules.stdout and any("8800" in line for line in opened), rules.stdout
+    finally:
+        qemu.kill()
+        qemu.wait()
