@@ -335,7 +335,9 @@ def test_service_runs_as_user_on_privileged_port(installed: Chroot) -> None:
         time.sleep(0.2)
     assert "/pkg/test" in (logs / "message.log").read_text(), sorted(p.name for p in logs.iterdir())
     assert (logs / "message.log").stat().st_uid == uid
-    proc.send_signal(signal.SIGHUP)  # ExecReload: no TLS configured, so nothing to reload, and still serving
+    proc.send_signal(signal.SIGHUP)  # ExecReload: no TLS configured, so nothing to reload, and nobody restarted
+    time.sleep(1.5)
+    assert sorted(int(p) for p in sh("pgrep", "-P", str(proc.pid)).stdout.split()) == sorted(pids[1:])
     wait_for_port(host, 80, timeout=5, proc=proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
