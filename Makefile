@@ -47,12 +47,18 @@ rpm: $(STAMP)
 packages: $(STAMP)
 	$(BIN)/python packaging/build_packages.py all
 
-# A bootable Debian disk made locally (debootstrap + qemu-img), then Packer installs the DEB into it.
-image-base: $(STAMP)
-	$(BIN)/python images/base_image.py --out dist/debian-12-base.qcow2
+# A bootable Debian disk made locally (debootstrap + qemu-img; root), then Packer installs the DEB into it.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+BASE_IMAGE := dist/debian-12-base.qcow2
 
-image: deb image-base
-	$(BIN)/python images/build_image.py build --base dist/debian-12-base.qcow2 --deb $$(ls -t dist/migratorydata_*.deb | head -1)
+$(BASE_IMAGE): images/base_image.py
+	$(PYTHON) images/base_image.py --out $@
+
+image-base: $(BASE_IMAGE)
+
+image: deb $(BASE_IMAGE)
+	$(BIN)/python images/build_image.py build --force --base $(BASE_IMAGE) --output dist/image \
+		--deb dist/migratorydata_$(VERSION)_$$(dpkg --print-architecture).deb
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
