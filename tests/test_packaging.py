@@ -489,7 +489,7 @@ def ssh(port: int, key: Path, command: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(
-    os.environ.get("MIGRATORY_IMAGE_TEST", "0") == "0" or shutil.which("packer") is None,
+    os.environ.get("MIGRATORY_IMAGE_TEST", "1") == "0" or shutil.which("packer") is None,
     reason="MIGRATORY_IMAGE_TEST=0, or no packer (.ci/deps.sh)",
 )
 def test_image_builds_boots_and_serves(built: Built, base_image: tuple[Path, Path], tmp_path: Path) -> None:
