@@ -123,14 +123,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         variables = packer_vars(args, conf, ports)
         print(f"image ports: {ports}, accelerator: {accelerator(args.accel)}", file=sys.stderr)
-        done = subprocess.run([packer, "validate", *variables, str(TEMPLATE)], cwd=HERE)
+        # Packer's cache (port locks, a copy of a remote base) would otherwise land in images/.
+        env = dict(os.environ, PACKER_CACHE_DIR=os.environ.get("PACKER_CACHE_DIR", str(Path(tmp) / "packer_cache")))
+        done = subprocess.run([packer, "validate", *variables, str(TEMPLATE)], cwd=HERE, env=env)
         if done.returncode != 0 or args.action == "validate":
             return done.returncode
         if args.output.exists() and not args.force:
             print(f"build_image: {args.output} exists (remove it, or --force)", file=sys.stderr)
             return 2
         force = ["-force"] if args.force else []
-        return subprocess.run([packer, "build", *force, *variables, str(TEMPLATE)], cwd=HERE).returncode
+        return subprocess.run([packer, "build", *force, *variables, str(TEMPLATE)], cwd=HERE, env=env).returncode
 
 
 if __name__ == "__main__":
