@@ -23,6 +23,8 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v sfdisk >/dev/null 2>&1 || [ -x /usr/sbin/sfdisk ] || need+=(fdisk)
 [ -x /usr/bin/extlinux ] || [ -x /usr/sbin/extlinux ] || need+=(extlinux syslinux-common)
+command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+command -v pgrep >/dev/null 2>&1 || need+=(procps)
 command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
