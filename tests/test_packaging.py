@@ -97,9 +97,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 
 @pytest.fixture(scope="session")
-def upgrade_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def upgrade(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The same tree as version UPGRADE_VERSION: what an upgrade installs."""
     base = tmp_path_factory.mktemp("pkg-upgrade")
-    return build(base / "out", base / "work", "deb", UPGRADE_VERSION)[0]
+    paths = build(base / "out", base / "work", "all" if shutil.which("rpmbuild") else "deb", UPGRADE_VERSION)
+    deb = next(p for p in paths if p.suffix == ".deb")
+    return Built(deb, next((p for p in paths if p.suffix == ".rpm"), None), base / "work")
 
 
 def rootfs_tarball() -> Path:
@@ -350,11 +353,11 @@ def test_service_runs_as_user_on_privileged_port(installed: Chroot) -> None:
 # --- upgrade and purge -------------------------------------------------------------------------------------
 
 
-def test_upgrade_keeps_edited_conffile(built: Built, upgrade_deb: Path, chroot: Chroot) -> None:
+def test_upgrade_keeps_edited_conffile(built: Built, upgrade: Built, chroot: Chroot) -> None:
     chroot.install(built.deb)
     conf = chroot.path(CONF)
     conf.write_text(conf.read_text().replace("#LogLevel = INFO", "LogLevel = DEBUG"))
-    out = chroot.install(upgrade_deb)
+    out = chroot.install(upgrade.deb)
     assert "Setting up migratorydata" in out.stdout
     assert chroot.run("dpkg-query", "-W", "-f=${Version}", "migratorydata").stdout == UPGRADE_VERSION
     assert "\nLogLevel = DEBUG\n" in conf.read_text()
@@ -396,7 +399,9 @@ def test_rpm_contents_and_scriptlets(built: Built) -> None:
         "/usr/lib/systemd/system/migratorydata.service",
     ):
         assert path in files
-    assert rpm_query(built.rpm, "-c").split() == [CONF]  # %config(noreplace)
+    assert rpm_query(built.rpm, "-c").split() == [CONF]
+    flags = rpm_query(built.rpm, "--qf", "[%{FILEFLAGS:fflags} %{FILENAMES}\n]").splitlines()
+    assert f"cn {CONF}" in flags  # %config(noreplace): an edited file is never overwritten (.rpmnew instead)
     listing = rpm_query(built.rpm, "--qf", "[%{FILENAMES} %{FILEUSERNAME} %{FILEGROUPNAME} %{FILEMODES:perms}\n]")
     owners = {line.split()[0]: line.split()[1:] for line in listing.splitlines()}
     assert owners[CONF] == ["root", "migratorydata", "-rw-r-----"]
@@ -548,3 +553,17 @@ def test_image_builds_boots_and_serves(built: Built, base_image: tuple[Path, Pat
     finally:
         qemu.kill()
         qemu.wait()
+
+
+def test_rpm_upgrade_keeps_edited_config(built: Built, upgrade: Built, chroot: Chroot) -> None:
+    """%config(noreplace): rpm -U to the next version leaves an edited configuration as it is."""
+    assert built.rpm is not None and upgrade.rpm is not None
+    rpm = ["rpm", "--root", str(chroot.root)]
+    sh(*rpm, "--initdb")
+    sh(*rpm, "-i", "--nodeps", str(built.rpm))
+    conf = chroot.path(CONF)
+    conf.write_text(conf.read_text().replace("#LogLevel = INFO", "LogLevel = DEBUG"))
+    sh(*rpm, "-U", "--nodeps", str(upgrade.rpm))
+    assert sh(*rpm, "-q", "--qf", "%{VERSION}", "migratorydata").stdout == UPGRADE_VERSION
+    assert "\nLogLevel = DEBUG\n" in conf.read_text()
+    assert chroot.run("getent", "passwd", "migratorydata", check=False).returncode == 0
