@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # System packages the test suite drives for real: Java for Spark, the peer servers of the benchmark
 # comparison (NATS and Mosquitto from Debian), nftables and iproute2 for the DMZ test,
-# openssl for the TLS test. Idempotent; needs root and apt.
+# openssl for the TLS test; for the packaging and image tests: Debian's python3.11 (the
+# packaged venv's interpreter), debootstrap (the test chroot and the base image), rpm
+# (rpmbuild), packer, qemu (qemu-img, the boot test) and extlinux (the base image's
+# boot loader). Idempotent; needs root and apt.
 set -euo pipefail
 need=()
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=(nats-server)
@@ -12,6 +15,20 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # Java 17+ for PySpark (the log analytics); pyspark itself comes from PyPI with the `spark` extra
 java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1 || true)
 if [ -z "$java_major" ] || [ "$java_major" -lt 17 ]; then need+=(openjdk-17-jre-headless); fi
+[ -x /usr/bin/python3.11 ] || need+=(python3.11)
+command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
+[ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+command -v rpmbuild >/dev/null 2>&1 || need+=(rpm)
+command -v packer >/dev/null 2>&1 || need+=(packer)
+command -v qemu-img >/dev/null 2>&1 || need+=(qemu-utils)
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+command -v sfdisk >/dev/null 2>&1 || [ -x /usr/sbin/sfdisk ] || need+=(fdisk)
+[ -x /usr/bin/extlinux ] || [ -x /usr/sbin/extlinux ] || need+=(extlinux syslinux-common)
+command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+command -v pgrep >/dev/null 2>&1 || need+=(procps)
+command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})" >&2

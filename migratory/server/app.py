@@ -215,6 +215,8 @@ def _worker_main(config: Config, sockets: list[Listener], **kwargs: object) -> N
         tls = kwargs.get("tls")
         if isinstance(tls, ssl.SSLContext):
             loop.add_signal_handler(signal.SIGHUP, _reload_certificate, tls, config)
+        else:  # `systemctl reload` without TLS: nothing to reload, and SIGHUP's default would kill the worker
+            loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: no TLS listener, nothing to reload")
         await serve(config, sockets, stop, **kwargs)  # type: ignore[arg-type]
 
     _run_loop(main)

@@ -1,0 +1,41 @@
+#!/bin/sh
+# Runs inside the image under Packer: install the DEB as a user would, put the optional
+# configuration in place, enable the service, and let nftables accept only SSH and $PORTS.
+set -eu
+
+cd /root
+apt-get install -y -q ./migratorydata.deb
+# The image's configuration (the packaged one unless the build was given another); if it
+# differs from the packaged file, dpkg treats it as edited and keeps it on upgrade.
+install -m 0640 -o root -g migratorydata /root/migratorydata.conf /etc/migratorydata/migratorydata.conf
+migratory config check /etc/migratorydata/migratorydata.conf
+systemctl enable migratorydata.service
+
+ports=$(echo "${PORTS:-8800}" | tr ' ' ',')
+cat > /etc/nftables.conf <<EOF
+#!/usr/sbin/nft -f
+# Written by the migratorydata image build: SSH and the server's ports, nothing else.
+flush ruleset
+table inet filter {
+    chain input {
+        type filter hook input priority 0; policy drop;
+        iif lo accept
+        ct state established,related accept
+        ct state invalid drop
+        meta l4proto { 1, 58 } accept  # icmp, ipv6-icmp (by number: minbase has no /etc/protocols)
+        tcp dport 22 accept
+        tcp dport { $ports } accept
+    }
+    chain forward {
+        type filter hook forward priority 0; policy drop;
+    }
+    chain output {
+        type filter hook output priority 0; policy accept;
+    }
+}
+EOF
+nft -c -f /etc/nftables.conf
+systemctl enable nftables.service
+systemctl restart migratorydata.service
+rm -f /root/migratorydata.deb /root/migratorydata.conf /root/provision.sh
+apt-get clean
