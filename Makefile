@@ -20,14 +20,14 @@ run: $(STAMP)
 	$(BIN)/migratory serve -c $(CONF)
 
 LINT_DIRS := $(wildcard migratory cli tests spark tools bench images packaging)
-# Build scripts outside the installed packages, type-checked on their own (MYPYPATH finds migratory_cli).
+# Build scripts outside the installed packages, type-checked on their own (MYPYPATH finds migratory_cli and migratory_spark).
 SCRIPT_PY := $(wildcard packaging/*.py images/*.py)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 	$(BIN)/mypy
-	MYPYPATH=cli:. $(BIN)/mypy --strict $(SCRIPT_PY)
+	MYPYPATH=cli:spark:. $(BIN)/mypy --strict $(SCRIPT_PY)
 
 deps:
 	bash .ci/deps.sh
