@@ -37,6 +37,8 @@ def build_session(
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
     if master and master.startswith("local"):
+        # before the JVM starts: keeps Spark from resolving (and warning about) a public address
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # one machine: a few shuffle partitions beat Spark's 200 tiny ones
         settings["spark.sql.shuffle.partitions"] = str(max(4, 2 * (os.cpu_count() or 2)))
         settings["spark.ui.enabled"] = "false"
