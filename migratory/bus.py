@@ -1,15 +1,20 @@
-"""The intra-node bus between worker processes, without I/O: routing and frame codec.
+"""The bus, without I/O: routing inside a node, and the frames of both layers.
 
-Subjects are partitioned into groups; each group has one coordinator, the worker
-that numbers its messages and owns its snapshot (the paper's "subject groups, a
-coordinator per group"). A worker that accepts a publication for a subject it
-does not coordinate forwards it to the coordinator; the coordinator gives it the
-next sequence number, delivers it to its own subscribers and broadcasts it to
-every other worker, which deliver it to theirs and keep a replica of the snapshot.
-So every subscriber sees one order per subject and one snapshot for the node, and a
-restarted worker gets its groups' state back from its peers' replicas.
+Two layers, one idea (the paper's "subject groups, a coordinator per group"):
 
-Frames are ``u32 length`` + ``u8 kind`` + body, strings and bytes length-prefixed.
+- **Inside a node**, subjects are partitioned over the worker processes: the worker
+  :func:`owner` names numbers a subject's messages and owns its snapshot; a worker
+  that accepts a publication for another worker's subject forwards it there, and the
+  coordinator broadcasts the numbered message to every other worker.
+- **Across a cluster**, subjects are partitioned into groups (migratory/groups.py)
+  over the members; each member's *agent* process numbers the groups its member
+  coordinates and replicates every numbered message to the other members' agents.
+  In a member, the agent plays the coordinating worker for every subject: workers
+  forward every publication to it and receive every numbered message from it.
+
+Both layers speak the frames below. A frame is ``u32 length`` + ``u8 kind`` +
+``u8 flags`` + body; integers are big-endian ``u64`` (``u32`` for lengths and
+counts), strings and bytes are length-prefixed.
 """
 
 from __future__ import annotations
@@ -20,16 +25,31 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from migratory.message import Snapshot
+from migratory.replica import Entry, SubjectSync
+
 __all__ = [
+    "MAX_BUS_FRAME",
+    "Ack",
     "BusDecoder",
     "BusError",
+    "BusFrame",
+    "Challenge",
+    "ClusterInfo",
     "Forward",
     "ForwardStatus",
+    "Heartbeat",
     "Hello",
     "Interest",
     "Kind",
+    "Proof",
     "Published",
+    "SyncDone",
+    "SyncRequest",
     "SyncSubject",
+    "TableFrame",
+    "Welcome",
+    "decode",
     "encode",
     "owner",
 ]
@@ -38,14 +58,14 @@ MAX_BUS_FRAME = 64 * 1024 * 1024
 
 
 def owner(subject: str, workers: int) -> int:
-    """The worker coordinating ``subject``'s group (stable across processes and restarts)."""
+    """The worker coordinating ``subject``'s group inside one node (stable across restarts)."""
     if workers <= 1:
         return 0
     return zlib.crc32(subject.encode("utf-8")) % workers
 
 
 class BusError(ValueError):
-    """A malformed bus frame: a bug or a corrupted link, never client input."""
+    """A malformed bus frame: a bug, a corrupted link or a stranger; never client input."""
 
 
 class Kind(enum.IntEnum):
@@ -55,16 +75,28 @@ class Kind(enum.IntEnum):
     PUBLISHED = 4
     INTEREST = 5
     SYNC = 6
+    CHALLENGE = 7
+    PROOF = 8
+    WELCOME = 9
+    HEARTBEAT = 10
+    TABLE = 11
+    SYNC_REQUEST = 12
+    SYNC_DONE = 13
+    ACK = 14
+    CLUSTER_INFO = 15
 
 
 @dataclass(frozen=True, slots=True)
 class Hello:
+    """First frame of a link inside a node: who is speaking, and the node's secret proof."""
+
     worker: int
+    proof: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """A publication on its way to the subject's coordinator."""
+    """A publication on its way to the coordinator of its subject."""
 
     request: int
     subject: str
@@ -73,6 +105,8 @@ class Forward:
     retained: bool
     guaranteed: bool
     origin: Mapping[str, str] = field(default_factory=dict)
+    publish_id: str = ""
+    hops: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +115,12 @@ class ForwardStatus:
     status: int
     seq: int
     reason: str
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Published:
-    """A sequenced publication, broadcast by the coordinator to every other worker."""
+    """A numbered publication, sent by its coordinator to every replica."""
 
     subject: str
     content: bytes
@@ -94,11 +129,21 @@ class Published:
     epoch: int
     retained: bool
     guaranteed: bool
+    publish_id: str = ""
+
+    def entry(self) -> Entry:
+        return Entry(self.epoch, self.seq, self.content, self.fields, self.retained, self.publish_id)
+
+    @classmethod
+    def of(cls, subject: str, entry: Entry, guaranteed: bool = False) -> Published:
+        return cls(
+            subject, entry.content, entry.fields, entry.seq, entry.epoch, entry.retained, guaranteed, entry.publish_id
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class Interest:
-    """How many local subscribers the sender now has for ``subject``."""
+    """How many subscribers of ``subject`` the sender now has (a worker's, or a member's total)."""
 
     subject: str
     count: int
@@ -106,17 +151,125 @@ class Interest:
 
 @dataclass(frozen=True, slots=True)
 class SyncSubject:
-    """State of one subject sent when a link comes up: last seq and snapshot, if any."""
+    """One subject's state (see migratory/replica.py); ``more``: further entries follow in the next frame."""
+
+    state: SubjectSync
+    more: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """Member link, acceptor first: who it is and a fresh nonce to prove the password over."""
+
+    member: int
+    incarnation: int
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """Member link, dialer: who it is, its own nonce, and HMAC(password key, both nonces, both ids)."""
+
+    member: int
+    incarnation: int
+    nonce: bytes
+    mac: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """Member link, acceptor: its proof over the dialer's nonce (the authentication is mutual)."""
+
+    mac: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Liveness, readiness and a status summary, every ClusterHeartbeatInterval on each member link.
+
+    ``sent`` is the sender's clock (ms); ``echo`` the last ``sent`` it received from the
+    peer and ``held`` how long ago, so the peer can compute the link's round-trip time.
+    """
+
+    member: int
+    ready: bool
+    leader: bool
+    quorum: bool
+    table_version: int
+    sent: int
+    echo: int
+    held: int
+    status: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class TableFrame:
+    """Guaranteed mode: the seed members' agreed table (migratory/groups.py)."""
+
+    version: int
+    members: tuple[int, ...]
+    epochs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRequest:
+    """Ask a peer for state, optionally claiming groups first.
+
+    ``fence`` lists ``(group, epoch)`` pairs the sender now coordinates: the receiver
+    adopts a higher epoch before it answers, and from then on refuses messages of older
+    epochs for those groups. ``everything`` asks for every subject (a joining member);
+    otherwise the subjects of the fenced groups. Without ``reply`` only the fence is
+    applied (a coordinator announcing itself on a new link).
+    """
+
+    request: int
+    fence: tuple[tuple[int, int], ...]
+    everything: bool = False
+    reply: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SyncDone:
+    """All state for ``request`` was sent; ``epochs``: the replier's epochs of the fenced groups."""
+
+    request: int
+    epochs: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Guaranteed mode: the sender has cached ``subject`` up to ``seq`` of the coordinator's epoch."""
 
     subject: str
+    epoch: int
     seq: int
-    has_snapshot: bool
-    content: bytes
-    fields: Mapping[str, str]
-    snapshot_seq: int
 
 
-BusFrame = Hello | Forward | ForwardStatus | Published | Interest | SyncSubject
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    """Agent to workers: readiness and the cluster's status, as JSON (for /health and /cluster)."""
+
+    ready: bool
+    document: bytes
+
+
+BusFrame = (
+    Hello
+    | Forward
+    | ForwardStatus
+    | Published
+    | Interest
+    | SyncSubject
+    | Challenge
+    | Proof
+    | Welcome
+    | Heartbeat
+    | TableFrame
+    | SyncRequest
+    | SyncDone
+    | Ack
+    | ClusterInfo
+)
 
 _U32 = struct.Struct("!I")
 _Q = struct.Struct("!Q")
@@ -134,50 +287,118 @@ def _map(values: Mapping[str, str]) -> bytes:
     return _U32.pack(len(values)) + b"".join(_s(k) + _s(v) for k, v in values.items())
 
 
+def _ints(values: tuple[int, ...]) -> bytes:
+    return _U32.pack(len(values)) + b"".join(_Q.pack(v) for v in values)
+
+
+def _pairs(values: tuple[tuple[int, int], ...]) -> bytes:
+    return _U32.pack(len(values)) + b"".join(_Q.pack(a) + _Q.pack(b) for a, b in values)
+
+
+def _entry(entry: Entry) -> bytes:
+    return b"".join(
+        (
+            bytes((entry.retained,)),
+            _Q.pack(entry.epoch),
+            _Q.pack(entry.seq),
+            _s(entry.publish_id),
+            _map(entry.fields),
+            _b(entry.content),
+        )
+    )
+
+
+def _head(kind: Kind, flags: int = 0) -> bytes:
+    return bytes((kind, flags))
+
+
 def encode(frame: BusFrame) -> bytes:
     """One length-prefixed bus frame."""
+    body = _encode_body(frame)
+    return _U32.pack(len(body)) + body
+
+
+def _encode_body(frame: BusFrame) -> bytes:
     if isinstance(frame, Published):
-        body = b"".join(
+        return b"".join(
             (
-                bytes((Kind.PUBLISHED, frame.retained | frame.guaranteed << 1)),
+                _head(Kind.PUBLISHED, frame.retained | frame.guaranteed << 1),
                 _s(frame.subject),
                 _map(frame.fields),
                 _Q.pack(frame.seq),
                 _Q.pack(frame.epoch),
+                _s(frame.publish_id),
                 _b(frame.content),
             )
         )
-    elif isinstance(frame, Forward):
-        body = b"".join(
+    if isinstance(frame, Forward):
+        return b"".join(
             (
-                bytes((Kind.FORWARD, frame.retained | frame.guaranteed << 1)),
+                _head(Kind.FORWARD, frame.retained | frame.guaranteed << 1),
                 _Q.pack(frame.request),
+                bytes((frame.hops,)),
                 _s(frame.subject),
                 _map(frame.fields),
                 _map(frame.origin),
+                _s(frame.publish_id),
                 _b(frame.content),
             )
         )
-    elif isinstance(frame, ForwardStatus):
-        body = (
-            bytes((Kind.FORWARD_STATUS, frame.status)) + _Q.pack(frame.request) + _Q.pack(frame.seq) + _s(frame.reason)
+    if isinstance(frame, ForwardStatus):
+        return (
+            _head(Kind.FORWARD_STATUS, frame.status)
+            + _Q.pack(frame.request)
+            + _Q.pack(frame.seq)
+            + _Q.pack(frame.epoch)
+            + _s(frame.reason)
         )
-    elif isinstance(frame, Interest):
-        body = bytes((Kind.INTEREST, 0)) + _Q.pack(frame.count) + _s(frame.subject)
-    elif isinstance(frame, SyncSubject):
-        body = b"".join(
+    if isinstance(frame, Interest):
+        return _head(Kind.INTEREST) + _Q.pack(frame.count) + _s(frame.subject)
+    if isinstance(frame, SyncSubject):
+        state = frame.state
+        snap = state.snapshot
+        parts = [
+            _head(Kind.SYNC, (snap is not None) | frame.more << 1),
+            _s(state.subject),
+            _Q.pack(state.epoch),
+            _Q.pack(state.seq),
+        ]
+        if snap is not None:
+            parts += [_Q.pack(snap.seq), _Q.pack(snap.epoch), _map(snap.fields), _b(snap.content)]
+        parts.append(_U32.pack(len(state.entries)))
+        parts.extend(_entry(entry) for entry in state.entries)
+        return b"".join(parts)
+    if isinstance(frame, Hello):
+        return _head(Kind.HELLO) + _Q.pack(frame.worker) + _b(frame.proof)
+    if isinstance(frame, Challenge):
+        return _head(Kind.CHALLENGE) + _Q.pack(frame.member) + _Q.pack(frame.incarnation) + _b(frame.nonce)
+    if isinstance(frame, Proof):
+        return _head(Kind.PROOF) + _Q.pack(frame.member) + _Q.pack(frame.incarnation) + _b(frame.nonce) + _b(frame.mac)
+    if isinstance(frame, Welcome):
+        return _head(Kind.WELCOME) + _b(frame.mac)
+    if isinstance(frame, Heartbeat):
+        flags = frame.ready | frame.leader << 1 | frame.quorum << 2
+        return b"".join(
             (
-                bytes((Kind.SYNC, frame.has_snapshot)),
-                _s(frame.subject),
-                _Q.pack(frame.seq),
-                _Q.pack(frame.snapshot_seq),
-                _map(frame.fields),
-                _b(frame.content),
+                _head(Kind.HEARTBEAT, flags),
+                _Q.pack(frame.member),
+                _Q.pack(frame.table_version),
+                _Q.pack(frame.sent),
+                _Q.pack(frame.echo),
+                _Q.pack(frame.held),
+                _b(frame.status),
             )
         )
-    else:
-        body = bytes((Kind.HELLO, 0)) + _Q.pack(frame.worker)
-    return _U32.pack(len(body)) + body
+    if isinstance(frame, TableFrame):
+        return _head(Kind.TABLE) + _Q.pack(frame.version) + _ints(frame.members) + _ints(frame.epochs)
+    if isinstance(frame, SyncRequest):
+        flags = frame.everything | frame.reply << 1
+        return _head(Kind.SYNC_REQUEST, flags) + _Q.pack(frame.request) + _pairs(frame.fence)
+    if isinstance(frame, SyncDone):
+        return _head(Kind.SYNC_DONE) + _Q.pack(frame.request) + _pairs(frame.epochs)
+    if isinstance(frame, Ack):
+        return _head(Kind.ACK) + _Q.pack(frame.epoch) + _Q.pack(frame.seq) + _s(frame.subject)
+    return _head(Kind.CLUSTER_INFO, frame.ready) + _b(frame.document)
 
 
 class _Cursor:
@@ -186,6 +407,13 @@ class _Cursor:
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.pos = 2
+
+    def u8(self) -> int:
+        if self.pos >= len(self.data):
+            raise BusError("truncated bus frame")
+        value = self.data[self.pos]
+        self.pos += 1
+        return value
 
     def u32(self) -> int:
         if self.pos + 4 > len(self.data):
@@ -201,6 +429,13 @@ class _Cursor:
         self.pos += 8
         return int(value)
 
+    def count(self, item_size: int) -> int:
+        """A count of items of at least ``item_size`` bytes each, checked against what is left."""
+        n = self.u32()
+        if n * item_size > len(self.data) - self.pos:
+            raise BusError("bus frame claims more items than it holds")
+        return n
+
     def raw(self) -> bytes:
         n = self.u32()
         if self.pos + n > len(self.data):
@@ -210,55 +445,126 @@ class _Cursor:
         return out
 
     def text(self) -> str:
-        return self.raw().decode("utf-8")
+        try:
+            return self.raw().decode("utf-8")
+        except UnicodeDecodeError:
+            raise BusError("bus frame string is not UTF-8") from None
 
     def mapping(self) -> dict[str, str]:
-        return {self.text(): self.text() for _ in range(self.u32())}
+        return {self.text(): self.text() for _ in range(self.count(8))}
+
+    def ints(self) -> tuple[int, ...]:
+        return tuple(self.u64() for _ in range(self.count(8)))
+
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        return tuple((self.u64(), self.u64()) for _ in range(self.count(16)))
+
+    def entry(self) -> Entry:
+        retained = bool(self.u8())
+        epoch = self.u64()
+        seq = self.u64()
+        publish_id = self.text()
+        fields = self.mapping()
+        return Entry(epoch, seq, self.raw(), fields, retained, publish_id)
+
+    def end(self) -> None:
+        if self.pos != len(self.data):
+            raise BusError(f"{len(self.data) - self.pos} trailing bytes in bus frame")
 
 
 def decode(body: bytes) -> BusFrame:
-    """Decode one frame body (without its length prefix)."""
+    """Decode one frame body (without its length prefix); raises :class:`BusError`."""
     if len(body) < 2:
         raise BusError("bus frame too short")
     kind, flag = body[0], body[1]
     c = _Cursor(body)
+    frame: BusFrame
     if kind == Kind.PUBLISHED:
         subject = c.text()
         fields = c.mapping()
         seq = c.u64()
         epoch = c.u64()
-        return Published(subject, c.raw(), fields, seq, epoch, bool(flag & 1), bool(flag & 2))
-    if kind == Kind.FORWARD:
+        publish_id = c.text()
+        frame = Published(subject, c.raw(), fields, seq, epoch, bool(flag & 1), bool(flag & 2), publish_id)
+    elif kind == Kind.FORWARD:
         request = c.u64()
+        hops = c.u8()
         subject = c.text()
         fields = c.mapping()
         origin = c.mapping()
-        return Forward(request, subject, c.raw(), fields, bool(flag & 1), bool(flag & 2), origin)
-    if kind == Kind.FORWARD_STATUS:
+        publish_id = c.text()
+        frame = Forward(request, subject, c.raw(), fields, bool(flag & 1), bool(flag & 2), origin, publish_id, hops)
+    elif kind == Kind.FORWARD_STATUS:
         request = c.u64()
         seq = c.u64()
-        return ForwardStatus(request, flag, seq, c.text())
-    if kind == Kind.INTEREST:
+        epoch = c.u64()
+        frame = ForwardStatus(request, flag, seq, c.text(), epoch)
+    elif kind == Kind.INTEREST:
         count = c.u64()
-        return Interest(c.text(), count)
-    if kind == Kind.SYNC:
+        frame = Interest(c.text(), count)
+    elif kind == Kind.SYNC:
         subject = c.text()
+        epoch = c.u64()
         seq = c.u64()
-        snapshot_seq = c.u64()
-        fields = c.mapping()
-        return SyncSubject(subject, seq, bool(flag), c.raw(), fields, snapshot_seq)
-    if kind == Kind.HELLO:
-        return Hello(c.u64())
-    raise BusError(f"unknown bus frame kind {kind}")
+        snapshot = None
+        if flag & 1:
+            snap_seq = c.u64()
+            snap_epoch = c.u64()
+            snap_fields = c.mapping()
+            snapshot = Snapshot(subject, c.raw(), snap_fields, snap_seq, snap_epoch)
+        entries = tuple(c.entry() for _ in range(c.count(29)))
+        frame = SyncSubject(SubjectSync(subject, epoch, seq, snapshot, entries), bool(flag & 2))
+    elif kind == Kind.HELLO:
+        worker = c.u64()
+        frame = Hello(worker, c.raw())
+    elif kind == Kind.CHALLENGE:
+        member = c.u64()
+        incarnation = c.u64()
+        frame = Challenge(member, incarnation, c.raw())
+    elif kind == Kind.PROOF:
+        member = c.u64()
+        incarnation = c.u64()
+        nonce = c.raw()
+        frame = Proof(member, incarnation, nonce, c.raw())
+    elif kind == Kind.WELCOME:
+        frame = Welcome(c.raw())
+    elif kind == Kind.HEARTBEAT:
+        member = c.u64()
+        version = c.u64()
+        sent = c.u64()
+        echo = c.u64()
+        held = c.u64()
+        frame = Heartbeat(member, bool(flag & 1), bool(flag & 2), bool(flag & 4), version, sent, echo, held, c.raw())
+    elif kind == Kind.TABLE:
+        version = c.u64()
+        members = c.ints()
+        frame = TableFrame(version, members, c.ints())
+    elif kind == Kind.SYNC_REQUEST:
+        request = c.u64()
+        frame = SyncRequest(request, c.pairs(), bool(flag & 1), bool(flag & 2))
+    elif kind == Kind.SYNC_DONE:
+        request = c.u64()
+        frame = SyncDone(request, c.pairs())
+    elif kind == Kind.ACK:
+        epoch = c.u64()
+        seq = c.u64()
+        frame = Ack(c.text(), epoch, seq)
+    elif kind == Kind.CLUSTER_INFO:
+        frame = ClusterInfo(bool(flag & 1), c.raw())
+    else:
+        raise BusError(f"unknown bus frame kind {kind}")
+    c.end()
+    return frame
 
 
 class BusDecoder:
-    """Splits a byte stream into bus frames."""
+    """Splits a byte stream into bus frames; ``max_frame`` bounds what a peer may make us buffer."""
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_buf", "max_frame")
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame: int = MAX_BUS_FRAME) -> None:
         self._buf = b""
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> list[BusFrame]:
         buf = self._buf + data if self._buf else data
@@ -266,8 +572,8 @@ class BusDecoder:
         pos = 0
         while len(buf) - pos >= 4:
             (length,) = _U32.unpack_from(buf, pos)
-            if length > MAX_BUS_FRAME:
-                raise BusError(f"bus frame of {length} bytes")
+            if length > self.max_frame:
+                raise BusError(f"bus frame of {length} bytes (at most {self.max_frame})")
             if len(buf) - pos - 4 < length:
                 break
             out.append(decode(buf[pos + 4 : pos + 4 + length]))

@@ -24,6 +24,7 @@ from typing import Any
 __all__ = [
     "Config",
     "ConfigError",
+    "DeliveryMode",
     "Endpoint",
     "LogLevel",
     "SlowConsumerPolicy",
@@ -65,6 +66,13 @@ class LogLevel(enum.StrEnum):
     INFO = "INFO"
     WARNING = "WARNING"
     ERROR = "ERROR"
+
+
+class DeliveryMode(enum.StrEnum):
+    """How a cluster delivers messages across member failures (docs/cluster.md)."""
+
+    STANDARD = "Standard"
+    GUARANTEED = "Guaranteed"
 
 
 class SlowConsumerPolicy(enum.StrEnum):
@@ -194,6 +202,33 @@ def _parse_optional_endpoints(text: str) -> tuple[Endpoint, ...]:
     if text.strip().lower() in ("", "none"):
         return ()
     return parse_endpoints(text)
+
+
+def _parse_members(text: str) -> tuple[Endpoint, ...]:
+    """The cluster's ordered member list: ``host:port`` of every member's cluster listener."""
+    members = _parse_optional_endpoints(text)
+    for member in members:
+        if member.host == "*":
+            raise ValueError(f"{member}: a member address must be one that the other members can reach, not *")
+    return members
+
+
+def _parse_member(text: str) -> Endpoint | None:
+    if text.strip().lower() in ("", "none"):
+        return None
+    (member,) = _parse_members(text) or (None,)
+    if member is None or "," in text:
+        raise ValueError(f"expected one addr:port, got {text!r}")
+    return member
+
+
+def _parse_seed_count(text: str) -> int:
+    value = text.strip()
+    if value.lower() == "auto":
+        return 0
+    if value not in ("3", "5"):
+        raise ValueError(f"expected auto, 3 or 5, got {text!r}")
+    return int(value)
 
 
 def _parse_text(text: str) -> str:
@@ -502,6 +537,100 @@ class Config:
         "RunAsGroup", "", _parse_text, "The group to run as (default: RunAsUser's primary group).", shown=""
     )
 
+    cluster_members: tuple[Endpoint, ...] = key(
+        "ClusterMembers",
+        (),
+        _parse_members,
+        "Every member's cluster address (addr:port), comma-separated, in the same order on every member; "
+        "none runs a single server. See docs/cluster.md.",
+        shown="none",
+    )
+    cluster_member_listen: Endpoint | None = key(
+        "ClusterMemberListen",
+        None,
+        _parse_member,
+        "This member's cluster address (addr:port), exactly as it appears in ClusterMembers; the other "
+        "members connect to it. In Guaranteed delivery mode a seed member also uses the next port "
+        "(port + 1) for the seed members' consensus.",
+        shown="none",
+    )
+    cluster_password: str = key(
+        "ClusterPassword",
+        "",
+        _parse_text,
+        "Shared secret of the cluster's members (at least 12 characters): members prove it to each other "
+        "with a challenge-response and refuse a peer that does not know it. `migratory cluster init` makes one.",
+        shown="",
+    )
+    cluster_delivery_mode: DeliveryMode = key(
+        "ClusterDeliveryMode",
+        DeliveryMode.STANDARD,
+        _enum_parser(DeliveryMode),
+        "Standard: after a failover a client gets the current snapshot of its subjects (at least 2 members, "
+        "tolerates all but one down). Guaranteed: it gets every message it missed, from the members' "
+        "replicated caches (at least 3 members; a majority of the seed members must be up).",
+    )
+    cluster_seed_member_count: int = key(
+        "ClusterSeedMemberCount",
+        0,
+        _parse_seed_count,
+        "Guaranteed mode: how many of the first ClusterMembers are seed members, which decide membership and "
+        "coordinators by majority: auto (3 for clusters of 3 or 4 members, 5 from 5 members), 3 or 5.",
+        shown="auto",
+    )
+    max_cached_messages_per_subject: int = key(
+        "MaxCachedMessagesPerSubject",
+        1000,
+        _int_parser(1, 1_000_000),
+        "Guaranteed mode: the most recent messages of each subject every member keeps, to resend to a "
+        "client what it missed during a failover.",
+    )
+    cache_expire_time: int = key(
+        "CacheExpireTime",
+        180,
+        _int_parser(1, 86400),
+        "Guaranteed mode: seconds (not milliseconds) a cached message is kept; a client away longer gets "
+        "the snapshot instead of the missed messages.",
+    )
+    cluster_heartbeat_interval: int = key(
+        "ClusterHeartbeatInterval",
+        500,
+        _int_parser(50, 60000),
+        "Milliseconds between heartbeats on each link between two members.",
+    )
+    cluster_heartbeat_timeout: int = key(
+        "ClusterHeartbeatTimeout",
+        3000,
+        _int_parser(200, 600000),
+        "Milliseconds without any data from a member after which it is considered down (hung or cut off); a "
+        "closed connection counts at once. Also how long a starting member looks for live members before it "
+        "starts alone.",
+    )
+    cluster_tls: bool = key(
+        "ClusterTLS",
+        False,
+        parse_bool,
+        "Encrypt the links between members with TLS; both sides present ClusterTLSCertificate and verify "
+        "the other against ClusterTLSCA.",
+    )
+    cluster_tls_certificate: str = key(
+        "ClusterTLSCertificate",
+        "",
+        _parse_text,
+        "PEM certificate (and chain) this member presents to the others; empty uses TLSCertificate.",
+        shown="",
+    )
+    cluster_tls_key: str = key(
+        "ClusterTLSKey", "", _parse_text, "Private key of ClusterTLSCertificate; empty uses TLSKey.", shown=""
+    )
+    cluster_tls_ca: str = key(
+        "ClusterTLSCA",
+        "",
+        _parse_text,
+        "PEM file of the certificate authority that signed every member's certificate (`migratory cert create-ca`).",
+        shown="",
+    )
+
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Config:
         """Load and validate ``path``; raise :class:`ConfigError` listing every problem."""
@@ -543,13 +672,10 @@ class Config:
             except ValueError as exc:
                 errors.append(f"{filename}:{lineno}: {name}: {exc}")
         if not errors:
-            try:
-                config = cls(**values)
-                config.check()
-            except ValueError as exc:
-                culprit = str(exc).partition(":")[0]
-                errors.append(f"{filename}:{seen.get(culprit, 0)}: {exc}")
-            else:
+            config = cls(**values)
+            for problem in config.problems():
+                errors.append(f"{filename}:{_problem_line(problem, seen)}: {problem}")
+            if not errors:
                 return config
         raise ConfigError(errors)
 
@@ -569,23 +695,101 @@ class Config:
             return max(1, os.cpu_count() or 1)
 
     def check(self) -> None:
-        """Cross-key checks; raise ValueError as ``Key: what is wrong``."""
+        """Cross-key checks; raise ValueError as ``Key: what is wrong`` (the first problem)."""
+        problems = self.problems()
+        if problems:
+            raise ValueError(problems[0])
+
+    def problems(self) -> list[str]:
+        """Every cross-key problem, each as ``Key: what is wrong``."""
+        out: list[str] = []
         if not self.listen:
-            raise ValueError("Listen: at least one listener is required")
+            out.append("Listen: at least one listener is required")
         if self.listen_encrypted and not (self.tls_certificate and self.tls_key):
-            raise ValueError("ListenEncrypted: needs TLSCertificate and TLSKey")
+            out.append("ListenEncrypted: needs TLSCertificate and TLSKey")
         if self.entitlement == "Basic" and not self.entitlement_allow_token:
-            raise ValueError("Entitlement: Basic needs EntitlementAllowToken")
+            out.append("Entitlement: Basic needs EntitlementAllowToken")
         if self.entitlement == "JWT" and not (self.entitlement_jwt_secret or self.entitlement_jwt_public_key):
-            raise ValueError("Entitlement: JWT needs EntitlementJwtSecret or EntitlementJwtPublicKey")
+            out.append("Entitlement: JWT needs EntitlementJwtSecret or EntitlementJwtPublicKey")
         if self.entitlement == "Custom" and not self.entitlement_custom_class:
-            raise ValueError("Entitlement: Custom needs EntitlementCustomClass")
+            out.append("Entitlement: Custom needs EntitlementCustomClass")
         if bool(self.monitor_username) != bool(self.monitor_password):
-            raise ValueError("MonitorHTTP.Password: MonitorHTTP.Username and MonitorHTTP.Password go together")
+            out.append("MonitorHTTP.Password: MonitorHTTP.Username and MonitorHTTP.Password go together")
         if self.batching_size and not self.batching_time:
-            raise ValueError(
-                "BatchingSize: needs BatchingTime too (the longest a message may wait for the batch to fill)"
+            out.append("BatchingSize: needs BatchingTime too (the longest a message may wait for the batch to fill)")
+        out.extend(self._cluster_problems())
+        return out
+
+    @property
+    def clustered(self) -> bool:
+        return bool(self.cluster_members)
+
+    @property
+    def member_index(self) -> int:
+        """This member's position in ClusterMembers (-1 without a cluster)."""
+        if self.cluster_member_listen is None or self.cluster_member_listen not in self.cluster_members:
+            return -1
+        return self.cluster_members.index(self.cluster_member_listen)
+
+    @property
+    def seed_count(self) -> int:
+        """Guaranteed mode's seed members: the first 3 or 5 of ClusterMembers (0 in Standard mode)."""
+        if self.cluster_delivery_mode is not DeliveryMode.GUARANTEED:
+            return 0
+        if self.cluster_seed_member_count:
+            return self.cluster_seed_member_count
+        return 3 if len(self.cluster_members) < 5 else 5
+
+    def _cluster_problems(self) -> list[str]:
+        members = self.cluster_members
+        me = self.cluster_member_listen
+        if not members:
+            if me is not None:
+                return ["ClusterMemberListen: set without ClusterMembers (list every member, this one included)"]
+            return []
+        out: list[str] = []
+        if len(members) < 2:
+            out.append("ClusterMembers: a cluster needs at least two members (remove the key to run one server)")
+        if me is None:
+            out.append("ClusterMemberListen: required with ClusterMembers (this member's address in the list)")
+        elif me not in members:
+            out.append(f"ClusterMemberListen: {me} is not one of ClusterMembers ({', '.join(map(str, members))})")
+        if len(self.cluster_password) < 12:
+            out.append("ClusterPassword: required with ClusterMembers, at least 12 characters (same on every member)")
+        guaranteed = self.cluster_delivery_mode is DeliveryMode.GUARANTEED
+        if guaranteed and len(members) < 3:
+            out.append(f"ClusterDeliveryMode: Guaranteed needs at least 3 members, ClusterMembers lists {len(members)}")
+        if guaranteed and 3 <= len(members) < self.seed_count:
+            out.append(
+                f"ClusterSeedMemberCount: {self.seed_count} seed members but ClusterMembers lists {len(members)}"
             )
+        if self.cluster_heartbeat_timeout < 2 * self.cluster_heartbeat_interval:
+            out.append("ClusterHeartbeatTimeout: must be at least twice ClusterHeartbeatInterval")
+        if me is not None:
+            ports = {e.port: str(e) for e in (*self.listen, *self.listen_encrypted, *self.monitor_listen)}
+            used = [me.port] + ([me.port + 1] if guaranteed and self.member_index < self.seed_count else [])
+            for port in used:
+                if port in ports:
+                    out.append(f"ClusterMemberListen: port {port} is also the client or monitor listener {ports[port]}")
+            if guaranteed and me.port >= 65535:
+                out.append("ClusterMemberListen: a seed member needs port + 1 too; choose a port below 65535")
+        if self.cluster_tls:
+            if not (self.cluster_tls_certificate or self.tls_certificate):
+                out.append("ClusterTLS: needs ClusterTLSCertificate (or TLSCertificate)")
+            if not (self.cluster_tls_key or self.tls_key):
+                out.append("ClusterTLS: needs ClusterTLSKey (or TLSKey)")
+            if not self.cluster_tls_ca:
+                out.append("ClusterTLS: needs ClusterTLSCA, the authority that signed every member's certificate")
+        return out
+
+
+def _problem_line(problem: str, seen: Mapping[str, int]) -> int:
+    """The line to blame: the key's own, else that of a key the message names (a missing key's cause)."""
+    culprit = problem.partition(":")[0]
+    if culprit in seen:
+        return seen[culprit]
+    named = [seen[name] for name in seen if name in problem]
+    return min(named) if named else 0
 
 
 def key_specs() -> dict[str, tuple[str, Callable[[str], Any]]]:

@@ -1,0 +1,790 @@
+"""One cluster member's decisions, without I/O: routing, numbering, replication, failover.
+
+The member's *agent* process (migratory/server/agent.py) feeds this state machine
+what arrives from its peers (the other members' agents) and from its own workers,
+plus a clock tick; the machine answers through a :class:`Wire`. docs/cluster.md
+tells the same story for operators. In short:
+
+- **Groups and epochs.** Every subject belongs to one of 64 groups; every group has
+  an epoch whose owner (``epoch % members``, migratory/groups.py) is the group's
+  coordinator. Only the coordinator numbers the group's messages: ``(epoch, seq)``
+  with ``seq`` continuing the subject's history by one.
+- **Fencing, then merging.** A member that becomes a group's coordinator picks a new,
+  higher epoch and sends it to the other members in a :class:`SyncRequest`. Each
+  adopts the higher epoch *before* it answers with its state of the group's subjects,
+  and from then on drops messages of older epochs for that group. When everyone
+  expected has answered, the new coordinator holds the merge of all their states
+  (migratory/replica.py), sends that merged state to every member, and only then
+  starts numbering. So whatever any member had accepted from the old coordinator is
+  carried into the new epoch, and nothing the old coordinator sends later is.
+- **Standard mode**: every member decides who coordinates from its own view of who is
+  alive (rendezvous hashing), waits for the answers of the members it sees, and
+  answers publishers as soon as a message is numbered.
+- **Guaranteed mode**: the seed members' consensus decides who is a member and who
+  coordinates (a :class:`~migratory.groups.Table`); a new coordinator waits for every
+  member of the table; every member caches recent messages; a coordinator releases a
+  message to its own subscribers, and answers its publisher, only when another member
+  of the table has acknowledged it, so each acknowledged message is held by at least
+  two members. Without a quorum, Guaranteed publications are refused.
+- **Joining.** A member that starts (or was dropped from the table) is not *ready*: it
+  takes a full state sync from a ready member before it serves anyone; live messages
+  that arrive meanwhile wait, then apply on top.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from migratory.bus import (
+    Ack,
+    BusFrame,
+    ClusterInfo,
+    Forward,
+    ForwardStatus,
+    Heartbeat,
+    Interest,
+    Published,
+    SyncDone,
+    SyncRequest,
+    SyncSubject,
+    TableFrame,
+)
+from migratory.groups import GROUPS, Table, epoch_for, group_of, owner_of, rendezvous
+from migratory.protocol import Status
+from migratory.replica import Applied, Entry, Replica, SubjectSync
+
+__all__ = ["Member", "MemberSettings", "Wire"]
+
+MAX_HOPS = 4
+SYNC_CHUNK_BYTES = 1 << 20
+
+
+class Wire(Protocol):
+    """What the member asks of its I/O adapter."""
+
+    def to_peer(self, member: int, frame: BusFrame) -> None: ...
+
+    def to_workers(self, frame: BusFrame) -> None: ...
+
+    def to_worker(self, worker: int, frame: BusFrame) -> None: ...
+
+    def drop_peer(self, member: int, reason: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSettings:
+    index: int
+    size: int
+    guaranteed: bool = False
+    seeds: int = 0
+    cache_size: int = 1000
+    cache_ttl: float = 180.0
+    heartbeat_interval: float = 0.5
+    heartbeat_timeout: float = 3.0
+    publish_timeout: float = 6.0
+    epoch_floor: int = 0  # epochs this member issues start above this (its restart counter times size)
+
+
+@dataclass(slots=True)
+class _Peer:
+    index: int
+    incarnation: int
+    heard: float
+    ready: bool = False
+    leader: bool = False
+    table_version: int = 0
+    their_sent: int = 0
+    their_sent_at: float = 0.0
+    rtt_ms: float = -1.0
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A publication this member accepted and must answer: from one of its workers or from a peer."""
+
+    source: tuple[str, int, int]  # ("worker" | "peer", index, their request id)
+    frame: Forward
+    deadline: float
+    sent_to: int = -1  # the peer it was forwarded to, -1 while it waits here
+
+
+@dataclass(slots=True)
+class _Claim:
+    request: int
+    groups: dict[int, int]  # group -> the epoch claimed
+    awaiting: set[int]
+    deadline: float
+
+
+@dataclass(slots=True)
+class _Unacked:
+    """Guaranteed mode, coordinator: numbered, cached here, not yet held by a second member."""
+
+    seq: int
+    frame: Published
+    waiters: list[_Pending]
+
+
+def _chunks(state: SubjectSync) -> Iterable[SyncSubject]:
+    """One subject's state as frames of at most about SYNC_CHUNK_BYTES each."""
+    entries = state.entries
+    if not entries:
+        yield SyncSubject(state)
+        return
+    start, size = 0, 0
+    for i, entry in enumerate(entries):
+        size += len(entry.content) + 64
+        if size >= SYNC_CHUNK_BYTES and i + 1 < len(entries):
+            yield SyncSubject(
+                SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start : i + 1]), True
+            )
+            start, size = i + 1, 0
+    yield SyncSubject(SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start:]))
+
+
+class Member:
+    """The state machine of one member's agent."""
+
+    def __init__(self, settings: MemberSettings, wire: Wire, now: float) -> None:
+        self.s = settings
+        self.me = settings.index
+        self.n = settings.size
+        self.wire = wire
+        self.replica = Replica(settings.cache_size if settings.guaranteed else 0, settings.cache_ttl)
+        self.epochs = [0] * GROUPS
+        self.active = [False] * GROUPS
+        self.peers: dict[int, _Peer] = {}
+        self.workers: set[int] = set()
+        self.ready = False
+        self.started = now
+        self.table = Table()
+        self.leader = False  # this member is the seed members' leader (set by the consensus adapter)
+        self.leader_quorum = False
+        self.last_leader_heartbeat = -1e9
+        self._leader_fresh = False
+        self._next_request = 0
+        self._claims: dict[int, _Claim] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._waiting: list[_Pending] = []  # publications with no reachable coordinator yet
+        self._unacked: dict[str, deque[_Unacked]] = {}
+        self._join: tuple[int, int] | None = None  # (request, peer) of the full sync in progress
+        self._held: list[tuple[int, BusFrame]] = []  # live frames that arrived while joining
+        self._partial: dict[tuple[int, str], list[Entry]] = {}
+        self._local: dict[str, dict[int, int]] = {}  # subject -> worker -> subscribers
+        self._totals: dict[str, int] = {}
+        self._remote: dict[str, dict[int, int]] = {}  # subject -> member -> subscribers
+        self._last_beat = -1e9
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "replicated_in",
+                "replicated_out",
+                "forwarded",
+                "link_up",
+                "link_down",
+                "resyncs",
+                "syncs_served",
+                "stale_dropped",
+                "claims",
+                "acks_in",
+                "publish_failed",
+            ),
+            0,
+        )
+        self.status: Callable[[], Mapping[str, Any]] = dict
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _request(self) -> int:
+        self._next_request += 1
+        return self._next_request
+
+    def owner(self, group: int) -> int:
+        return owner_of(self.epochs[group], self.n)
+
+    @property
+    def quorum(self) -> bool:
+        """Guaranteed mode: whether this member may number or accept guaranteed publications."""
+        if not self.s.guaranteed:
+            return True
+        return self.leader_quorum if self.leader else self._leader_fresh
+
+    def _ready_peers(self) -> list[int]:
+        return [j for j, peer in self.peers.items() if peer.ready]
+
+    def _subjects_of(self, groups: Iterable[int]) -> list[str]:
+        wanted = set(groups)
+        return [s for s in self.replica.subjects() if group_of(s) in wanted]
+
+    def _send_state(self, send: Callable[[BusFrame], None], subjects: Iterable[str]) -> None:
+        for subject in subjects:
+            state = self.replica.sync(subject)
+            if state is not None:
+                for frame in _chunks(state):
+                    send(frame)
+
+    # --- links ------------------------------------------------------------------------
+
+    def peer_up(self, member: int, incarnation: int, now: float) -> None:
+        """An authenticated link to ``member`` came up (a new process of it if ``incarnation`` changed)."""
+        self.peers[member] = _Peer(member, incarnation, now)
+        self.counters["link_up"] += 1
+        for subject, total in self._totals.items():
+            if total:
+                self.wire.to_peer(member, Interest(subject, total))
+        if self.s.guaranteed and self.table.version and self.me < self.s.seeds:
+            self.wire.to_peer(member, TableFrame(self.table.version, self.table.members, self.table.epochs))
+        if self.ready:
+            self._announce(member, [g for g in range(GROUPS) if self.active[g]])
+        self._beat(member, now)
+
+    def _announce(self, member: int, groups: list[int]) -> None:
+        """Tell a peer which groups we coordinate, then the state of their subjects."""
+        if not groups:
+            return
+        fence = tuple((g, self.epochs[g]) for g in groups)
+        self.wire.to_peer(member, SyncRequest(self._request(), fence, reply=False))
+        self._send_state(lambda f: self.wire.to_peer(member, f), self._subjects_of(groups))
+
+    def peer_down(self, member: int, now: float) -> None:
+        if self.peers.pop(member, None) is None:
+            return
+        self.counters["link_down"] += 1
+        for subject in [s for s, counts in self._remote.items() if counts.pop(member, None) is not None and not counts]:
+            del self._remote[subject]
+        self._partial = {k: v for k, v in self._partial.items() if k[0] != member}
+        if self._join is not None and self._join[1] == member:
+            self._join = None
+        for claim in list(self._claims.values()):
+            if member in claim.awaiting and not self.s.guaranteed:
+                claim.awaiting.discard(member)
+                self._maybe_complete(claim, now)
+        for request, pending in list(self._pending.items()):
+            if pending.sent_to == member:
+                del self._pending[request]
+                if self.s.guaranteed:
+                    pending.sent_to = -1
+                    self._route(pending, now)  # publish ids make the retry idempotent
+                else:
+                    self._answer(pending, Status.FAILED, "the coordinator failed; the outcome is unknown")
+        if not self.s.guaranteed:
+            self._rebalance(now)
+
+    def worker_up(self, worker: int) -> None:
+        self.workers.add(worker)
+        if self.ready:
+            self._state_to_worker(worker)
+        self.wire.to_worker(worker, self.info())
+
+    def _state_to_worker(self, worker: int) -> None:
+        self._send_state(lambda f: self.wire.to_worker(worker, f), self.replica.subjects())
+
+    def worker_down(self, worker: int) -> None:
+        self.workers.discard(worker)
+        for subject in [s for s, counts in self._local.items() if worker in counts]:
+            self._set_local_interest(subject, worker, 0)
+
+    # --- frames from peers ----------------------------------------------------------------
+
+    def on_peer_frame(self, member: int, frame: BusFrame, now: float) -> None:
+        peer = self.peers.get(member)
+        if peer is None:
+            return
+        peer.heard = now
+        if isinstance(frame, Published):
+            if not self.ready:
+                self._held.append((member, frame))
+            else:
+                self._replicated(member, frame, now)
+        elif isinstance(frame, Ack):
+            self._acked(member, frame)
+        elif isinstance(frame, Forward):
+            pending = _Pending(("peer", member, frame.request), frame, now + self.s.publish_timeout)
+            self._route(pending, now)
+        elif isinstance(frame, ForwardStatus):
+            answered = self._pending.pop(frame.request, None)
+            if answered is not None:
+                self._answer(answered, Status(frame.status), frame.reason, frame.seq, frame.epoch)
+        elif isinstance(frame, Heartbeat):
+            self._heartbeat(peer, frame, now)
+        elif isinstance(frame, Interest):
+            counts = self._remote.setdefault(frame.subject, {})
+            if frame.count:
+                counts[member] = frame.count
+            else:
+                counts.pop(member, None)
+                if not counts:
+                    del self._remote[frame.subject]
+        elif isinstance(frame, SyncSubject):
+            self._sync_subject(member, frame, now)
+        elif isinstance(frame, SyncRequest):
+            self._sync_request(member, frame, now)
+        elif isinstance(frame, SyncDone):
+            self._sync_done(member, frame, now)
+        elif isinstance(frame, TableFrame):
+            self.set_table(Table(frame.version, frame.members, frame.epochs), now)
+
+    def _heartbeat(self, peer: _Peer, beat: Heartbeat, now: float) -> None:
+        was_ready = peer.ready
+        peer.ready, peer.leader, peer.table_version = beat.ready, beat.leader, beat.table_version
+        peer.their_sent, peer.their_sent_at = beat.sent, now
+        if beat.echo:
+            peer.rtt_ms = max(0.0, now * 1000 - beat.echo - beat.held)
+        if beat.status:
+            try:
+                peer.status = dict(json.loads(beat.status))
+            except (ValueError, TypeError):
+                peer.status = {}
+        if beat.leader and beat.quorum:
+            self.last_leader_heartbeat = now
+            self._leader_fresh = True
+        if peer.ready and not self.ready and self._join is None:
+            request = self._request()
+            self._join = (request, peer.index)
+            self.wire.to_peer(peer.index, SyncRequest(request, (), everything=True))
+        if peer.ready != was_ready and not self.s.guaranteed:
+            self._rebalance(now)
+
+    def _replicated(self, member: int, frame: Published, now: float) -> None:
+        group = group_of(frame.subject)
+        if frame.epoch != self.epochs[group]:
+            self.counters["stale_dropped"] += 1  # an old coordinator (fenced), or a fence we have not seen yet
+            return
+        outcome = self.replica.apply(frame.subject, frame.entry(), now)
+        if outcome is not Applied.DUPLICATE:
+            self.counters["replicated_in"] += 1
+            self.wire.to_workers(frame)
+        if self.s.guaranteed:
+            self.wire.to_peer(member, Ack(frame.subject, frame.epoch, frame.seq))
+
+    def _acked(self, member: int, ack: Ack) -> None:
+        self.counters["acks_in"] += 1
+        if member not in self.table.members:
+            return  # only a member of the table counts as the second copy
+        queue = self._unacked.get(ack.subject)
+        group = group_of(ack.subject)
+        if not queue or ack.epoch != self.epochs[group]:
+            return
+        while queue and queue[0].seq <= ack.seq and queue[0].frame.epoch == ack.epoch:
+            self._release(queue.popleft())
+        if not queue:
+            del self._unacked[ack.subject]
+
+    def _release(self, item: _Unacked) -> None:
+        self.wire.to_workers(item.frame)
+        for waiter in item.waiters:
+            self._answer_numbered(waiter, item.frame)
+
+    def _sync_subject(self, member: int, frame: SyncSubject, now: float) -> None:
+        state = frame.state
+        key = (member, state.subject)
+        if frame.more:
+            self._partial.setdefault(key, []).extend(state.entries)
+            return
+        earlier = self._partial.pop(key, None)
+        if earlier:
+            state = SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, (*earlier, *state.entries))
+        self._merge(state, now)
+
+    def _merge(self, state: SubjectSync, now: float) -> None:
+        merged = self.replica.merge(state, now)
+        if merged.resync:
+            self.counters["resyncs"] += 1
+        if merged.changed:
+            for sync in _chunks(state):
+                self.wire.to_workers(sync)
+
+    def _sync_request(self, member: int, request: SyncRequest, now: float) -> None:
+        for group, epoch in request.fence:
+            self._fence(group, epoch, now)
+        if not request.reply:
+            return
+        self.counters["syncs_served"] += 1
+        subjects = self.replica.subjects() if request.everything else self._subjects_of(g for g, _ in request.fence)
+        self._send_state(lambda f: self.wire.to_peer(member, f), subjects)
+        epochs = tuple((g, self.epochs[g]) for g, _ in request.fence)
+        self.wire.to_peer(member, SyncDone(request.request, epochs))
+
+    def _sync_done(self, member: int, done: SyncDone, now: float) -> None:
+        if self._join is not None and self._join[0] == done.request:
+            self._join = None
+            self._become_ready(now)
+            return
+        claim = self._claims.get(done.request)
+        if claim is None:
+            return
+        for group, epoch in done.epochs:
+            if epoch > claim.groups.get(group, epoch):
+                del claim.groups[group]  # someone claimed it after us
+                self._fence(group, epoch, now)
+        claim.awaiting.discard(member)
+        self._maybe_complete(claim, now)
+
+    # --- coordinatorship --------------------------------------------------------------
+
+    def _fence(self, group: int, epoch: int, now: float) -> None:
+        """Adopt a higher epoch for ``group``: its coordinator is now ``epoch``'s owner."""
+        if epoch <= self.epochs[group]:
+            return
+        was_owner = self.owner(group) == self.me
+        self.epochs[group] = epoch
+        self.active[group] = False
+        for claim in self._claims.values():
+            claim.groups.pop(group, None)
+        if was_owner and owner_of(epoch, self.n) != self.me:
+            self._step_down(group, now)
+
+    def _step_down(self, group: int, now: float) -> None:
+        """Another member now coordinates ``group``: hand over what was under way here."""
+        for subject in [s for s in self._unacked if group_of(s) == group]:
+            # The new coordinator fenced us and waits for our state, which holds these
+            # messages: they carry over into its epoch. Deliver them here; their publishers
+            # hear FAILED and may retry with the same publish id (found in the caches).
+            for item in self._unacked.pop(subject):
+                self.wire.to_workers(item.frame)
+                for waiter in item.waiters:
+                    self._answer(waiter, Status.FAILED, "the coordinator changed; retry with the same publish id")
+        waiting, self._waiting = self._waiting, []
+        for pending in waiting:
+            self._route(pending, now)
+
+    def _claim(self, groups: dict[int, int], members: Iterable[int], now: float) -> None:
+        """Become coordinator of ``groups`` at the given epochs: fence everyone, gather, merge."""
+        for group, epoch in groups.items():
+            self._fence(group, epoch, now)
+            self.epochs[group] = epoch
+        self.counters["claims"] += 1
+        claim = _Claim(self._request(), dict(groups), set(members) - {self.me}, now + self.s.heartbeat_timeout)
+        self._claims[claim.request] = claim
+        fence = tuple(groups.items())
+        for member in claim.awaiting:
+            if member in self.peers:
+                self.wire.to_peer(member, SyncRequest(claim.request, fence))
+        self._maybe_complete(claim, now)
+
+    def _maybe_complete(self, claim: _Claim, now: float) -> None:
+        if claim.awaiting or claim.request not in self._claims:
+            return
+        del self._claims[claim.request]
+        groups = [g for g, e in claim.groups.items() if self.epochs[g] == e and owner_of(e, self.n) == self.me]
+        for group in groups:
+            self.active[group] = True
+        for member in list(self.peers):
+            self._announce(member, groups)
+        waiting, self._waiting = self._waiting, []
+        for pending in waiting:
+            self._route(pending, now)
+
+    def _rebalance(self, now: float) -> None:
+        """Standard mode: claim the groups this member should coordinate among those it sees."""
+        if self.s.guaranteed or not self.ready:
+            return
+        view = [self.me, *self._ready_peers()]
+        top = max(max(self.epochs), self.s.epoch_floor)
+        wanted: dict[int, int] = {}
+        claiming = {g for c in self._claims.values() for g in c.groups}
+        for group in range(GROUPS):
+            if rendezvous(group, view) != self.me or group in claiming:
+                continue
+            if self.owner(group) == self.me and self.active[group]:
+                continue
+            wanted[group] = epoch_for(self.me, self.n, top)
+        if wanted:
+            self._claim(wanted, view, now)
+
+    def set_table(self, table: Table, now: float) -> None:
+        """Guaranteed mode: adopt a newer table from the seed members' consensus."""
+        if table.version <= self.table.version:
+            return
+        old, self.table = self.table, table
+        if self.me < self.s.seeds:
+            frame = TableFrame(table.version, table.members, table.epochs)
+            for member in self.peers:
+                self.wire.to_peer(member, frame)
+        if self.ready and self.me in old.members and self.me not in table.members:
+            self._dropped(now)
+        claimed: dict[int, int] = {}
+        for group, epoch in enumerate(table.epochs):
+            if epoch > self.epochs[group]:
+                self._fence(group, epoch, now)
+                if owner_of(epoch, self.n) == self.me and self.ready and self.me in table.members:
+                    claimed[group] = epoch
+        for claim in list(self._claims.values()):
+            claim.awaiting &= set(table.members)
+            self._maybe_complete(claim, now)
+        if claimed:
+            self._claim(claimed, table.members, now)
+
+    def _dropped(self, now: float) -> None:
+        """The table no longer lists us (we were cut off or hung): forget our state and rejoin."""
+        self.ready = False
+        self.replica = Replica(self.replica.cache_size, self.replica.cache_ttl)
+        for subject in list(self._unacked):
+            for item in self._unacked.pop(subject):
+                for waiter in item.waiters:
+                    self._answer(waiter, Status.FAILED, "this member lost its place in the cluster; retry")
+        self.active = [False] * GROUPS
+        self._claims.clear()
+        self.wire.to_workers(self.info())
+
+    def _become_ready(self, now: float) -> None:
+        self.ready = True
+        for worker in self.workers:
+            self._state_to_worker(worker)
+        self.wire.to_workers(self.info())
+        held, self._held = self._held, []
+        for member, frame in held:
+            if member in self.peers and isinstance(frame, Published):
+                self._replicated(member, frame, now)
+        for member in self.peers:
+            self._beat(member, now)
+        if self.s.guaranteed:
+            claimed = {
+                g: e for g, e in enumerate(self.table.epochs) if owner_of(e, self.n) == self.me and not self.active[g]
+            }
+            if claimed and self.me in self.table.members:
+                self._claim(claimed, self.table.members, now)
+        else:
+            self._rebalance(now)
+
+    # --- publications -----------------------------------------------------------------
+
+    def on_worker_frame(self, worker: int, frame: BusFrame, now: float) -> None:
+        if isinstance(frame, Forward):
+            self._route(_Pending(("worker", worker, frame.request), frame, now + self.s.publish_timeout), now)
+        elif isinstance(frame, Interest):
+            self._set_local_interest(frame.subject, worker, frame.count)
+        elif isinstance(frame, SyncSubject):
+            self._sync_subject(-1 - worker, frame, now)  # a worker that outlived its agent: keep what it knew
+
+    def _set_local_interest(self, subject: str, worker: int, count: int) -> None:
+        counts = self._local.setdefault(subject, {})
+        if count:
+            counts[worker] = count
+        else:
+            counts.pop(worker, None)
+        total = sum(counts.values())
+        if not counts:
+            del self._local[subject]
+        if total != self._totals.get(subject, 0):
+            if total:
+                self._totals[subject] = total
+            else:
+                self._totals.pop(subject, None)
+            for member in self.peers:
+                self.wire.to_peer(member, Interest(subject, total))
+
+    def recipients(self, subject: str) -> int:
+        remote = self._remote.get(subject)
+        return self._totals.get(subject, 0) + (sum(remote.values()) if remote else 0)
+
+    def _route(self, pending: _Pending, now: float) -> None:
+        frame = pending.frame
+        if not self.ready:
+            self._answer(pending, Status.FAILED, "this member is synchronising with the cluster")
+            return
+        if self.s.guaranteed and not self.quorum:
+            self._answer(pending, Status.FAILED, "no quorum: a majority of the seed members is not reachable")
+            return
+        if frame.hops >= MAX_HOPS:
+            self._answer(pending, Status.FAILED, "no member agrees to coordinate this subject yet")
+            return
+        group = group_of(frame.subject)
+        coordinator = self.owner(group)
+        if coordinator == self.me:
+            if self.active[group]:
+                self._number(pending, group, now)
+            else:
+                self._waiting.append(pending)
+            return
+        if coordinator < 0 or coordinator not in self.peers:
+            self._waiting.append(pending)
+            return
+        request = self._request()
+        pending.sent_to = coordinator
+        self._pending[request] = pending
+        self.counters["forwarded"] += 1
+        hop = Forward(
+            request,
+            frame.subject,
+            frame.content,
+            frame.fields,
+            frame.retained,
+            frame.guaranteed,
+            frame.origin,
+            frame.publish_id,
+            frame.hops + 1,
+        )
+        self.wire.to_peer(coordinator, hop)
+
+    def _number(self, pending: _Pending, group: int, now: float) -> None:
+        frame = pending.frame
+        subject = frame.subject
+        if self.s.guaranteed:
+            if not any(m in self.peers for m in self.table.members if m != self.me):
+                self._answer(pending, Status.FAILED, "no other member is reachable to hold a second copy")
+                return
+            known = self.replica.find_publish(frame.publish_id)
+            if known is not None:
+                self._duplicate(pending, known)
+                return
+        entry = Entry(
+            self.epochs[group],
+            self.replica.next_seq(subject),
+            frame.content,
+            frame.fields,
+            frame.retained,
+            frame.publish_id,
+        )
+        self.replica.apply(subject, entry, now)
+        published = Published.of(subject, entry, frame.guaranteed)
+        for member in self.peers:
+            self.wire.to_peer(member, published)
+        self.counters["replicated_out"] += len(self.peers)
+        if self.s.guaranteed:
+            self._unacked.setdefault(subject, deque()).append(_Unacked(entry.seq, published, [pending]))
+        else:
+            self.wire.to_workers(published)
+            self._answer_numbered(pending, published)
+
+    def _duplicate(self, pending: _Pending, known: tuple[str, int, int]) -> None:
+        """A retry of a publication already numbered: the same outcome, no second message."""
+        subject, epoch, seq = known
+        for item in self._unacked.get(subject, ()):
+            if (item.frame.epoch, item.seq) == (epoch, seq):
+                item.waiters.append(pending)  # still waiting for its second copy
+                return
+        status = Status.OK if self.recipients(subject) else Status.NO_SUBSCRIBER
+        self._answer(pending, status, "", seq, epoch)
+
+    def _answer_numbered(self, pending: _Pending, published: Published) -> None:
+        status = Status.OK if self.recipients(published.subject) else Status.NO_SUBSCRIBER
+        self._answer(pending, status, "", published.seq, published.epoch)
+
+    def _answer(self, pending: _Pending, status: Status, reason: str, seq: int = 0, epoch: int = 0) -> None:
+        kind, index, request = pending.source
+        if status is Status.FAILED:
+            self.counters["publish_failed"] += 1
+        answer = ForwardStatus(request, status, seq, reason, epoch)
+        if kind == "worker":
+            if index in self.workers:
+                self.wire.to_worker(index, answer)
+        elif index in self.peers:
+            self.wire.to_peer(index, answer)
+
+    # --- time -------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Heartbeats, failure detection, time-outs, cache expiry, and starting alone."""
+        interval = self.s.heartbeat_interval
+        if now - self._last_beat >= interval:
+            self._last_beat = now
+            for member in list(self.peers):
+                self._beat(member, now)
+        timeout = self.s.heartbeat_timeout
+        for member, peer in list(self.peers.items()):
+            if now - peer.heard > timeout:
+                self.wire.drop_peer(member, f"no heartbeat for {timeout:.1f} s")
+                self.peer_down(member, now)
+        if self._leader_fresh and now - self.last_leader_heartbeat > timeout:
+            self._leader_fresh = False
+        if not self.ready and self._join is None and now - self.started >= timeout:
+            self._start_alone(now)
+        for claim in list(self._claims.values()):
+            if not self.s.guaranteed and now >= claim.deadline:
+                claim.awaiting.clear()  # Standard mode: go on with the members that answered
+                self._maybe_complete(claim, now)
+        for request, pending in list(self._pending.items()):
+            if now >= pending.deadline:
+                del self._pending[request]
+                self._answer(pending, Status.FAILED, "no answer from the coordinating member in time")
+        if self._waiting:
+            still = []
+            for pending in self._waiting:
+                if now >= pending.deadline:
+                    self._answer(pending, Status.FAILED, "no coordinator for this subject in time")
+                else:
+                    still.append(pending)
+            self._waiting = still
+        for queue in self._unacked.values():
+            for item in queue:
+                if item.waiters and now >= item.waiters[0].deadline:
+                    # still cached here and released if a second member confirms it later
+                    for waiter in item.waiters:
+                        self._answer(waiter, Status.FAILED, "no second member confirmed the message in time")
+                    item.waiters = []
+        self.replica.expire(now)
+        if self.ready and not self.s.guaranteed:
+            self._rebalance(now)
+
+    def _start_alone(self, now: float) -> None:
+        """Nobody ready answered within the heartbeat timeout: the lowest-numbered starter goes first."""
+        if self._ready_peers():
+            return
+        if self.s.guaranteed:
+            if not self.leader:
+                return  # in Guaranteed mode only the seeds' leader may start a cluster from nothing
+        elif any(j < self.me for j in self.peers):
+            return
+        self._become_ready(now)
+
+    def _beat(self, member: int, now: float) -> None:
+        peer = self.peers.get(member)
+        if peer is None:
+            return
+        held = int((now - peer.their_sent_at) * 1000) if peer.their_sent else 0
+        status = json.dumps(self.status(), separators=(",", ":")).encode()
+        beat = Heartbeat(
+            self.me,
+            self.ready,
+            self.leader,
+            self.leader_quorum,
+            self.table.version,
+            int(now * 1000),
+            peer.their_sent,
+            held,
+            status,
+        )
+        self.wire.to_peer(member, beat)
+
+    # --- status -------------------------------------------------------------------------
+
+    def live_members(self) -> list[int]:
+        """Members this one sees ready (itself included when ready): the leader's proposal."""
+        return sorted(([self.me] if self.ready else []) + self._ready_peers())
+
+    def coordinated(self) -> list[int]:
+        return [g for g in range(GROUPS) if self.active[g]]
+
+    def info(self) -> ClusterInfo:
+        return ClusterInfo(self.ready, json.dumps(self.describe(), separators=(",", ":")).encode())
+
+    def describe(self) -> dict[str, Any]:
+        """This member's view of the cluster, for /health, /cluster and `migratory cluster status`."""
+        return {
+            "member": self.me,
+            "ready": self.ready,
+            "mode": "Guaranteed" if self.s.guaranteed else "Standard",
+            "quorum": self.quorum,
+            "leader": self.leader,
+            "table_version": self.table.version,
+            "table_members": list(self.table.members),
+            "groups": self.coordinated(),
+            "subjects": len(self.replica.subjects()),
+            "snapshots": len(self.replica),
+            "cached_messages": self.replica.cached_messages(),
+            "counters": dict(self.counters),
+            "peers": {
+                str(j): {
+                    "ready": p.ready,
+                    "leader": p.leader,
+                    "rtt_ms": round(p.rtt_ms, 3),
+                    "status": p.status,
+                }
+                for j, p in sorted(self.peers.items())
+            },
+        }

@@ -1,0 +1,349 @@
+"""Replicated subject state: snapshots, sequence numbers, the message cache, and merging.
+
+Every process that holds subjects keeps one :class:`Replica`: each worker (it serves
+snapshots and recovers reconnecting clients from it) and, in a cluster, each member's
+agent (it numbers the messages of the subject groups its member coordinates). All
+replicas apply the same frames in the same order, so they hold the same state; the
+rules below are the whole of what "the same" means.
+
+- **Position.** A subject's history is a run of numbered messages. Each has a
+  ``seq`` that continues by one from the previous message, and the ``epoch`` of the
+  coordinator that numbered it; the epoch changes when coordinatorship moves (a
+  restart, a failover), the seq does not. ``(epoch, seq)`` of the last message is the
+  subject's *position*, and names one message in the cluster.
+- **Snapshot.** The latest retained content and the union of all fields, each at its
+  latest value (Architecture Guide, "Snapshot Messages").
+- **Cache** (Guaranteed mode only): the last ``cache_size`` messages, each for at most
+  ``cache_ttl`` seconds, always a contiguous run ending at the position, so a client
+  that reconnects with the position of the last message it saw can be sent exactly
+  what follows it.
+- **Merge.** Two replicas that diverged (a member that was cut off, a worker that
+  restarted, a coordinator that failed over) exchange :class:`SubjectSync` states.
+  The history with the higher ``(seq, epoch)`` wins. When the winner's cache contains
+  the loser's position, the loser just receives the missing messages, in order, as
+  if live; otherwise it adopts the winner's state and its subscribers are *resynced*
+  (they get the new snapshot, flagged so).
+
+No I/O here: callers pass the clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from migratory.message import Snapshot, merge_fields
+
+__all__ = [
+    "Applied",
+    "Entry",
+    "Merged",
+    "Recovery",
+    "RecoveryKind",
+    "Replica",
+    "SubjectSync",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One numbered message, as replicas apply, cache and exchange it."""
+
+    epoch: int
+    seq: int
+    content: bytes
+    fields: Mapping[str, str] = field(default_factory=dict)
+    retained: bool = True
+    publish_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SubjectSync:
+    """A subject's whole state: position, snapshot and cached messages (oldest first)."""
+
+    subject: str
+    epoch: int
+    seq: int
+    snapshot: Snapshot | None
+    entries: tuple[Entry, ...] = ()
+
+
+class Applied(enum.Enum):
+    """What :meth:`Replica.apply` did with a live message."""
+
+    NEW = "new"  # the next message: applied
+    DUPLICATE = "duplicate"  # already had it (or an older one): ignored
+    GAP = "gap"  # messages are missing before it: applied anyway, the cache restarts from it
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """What :meth:`Replica.merge` changed: messages to deliver, or a resync."""
+
+    new: tuple[Entry, ...] = ()
+    resync: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.new) or self.resync
+
+
+NOTHING = Merged()
+
+
+class RecoveryKind(enum.Enum):
+    SYNC = "sync"  # the client missed nothing (or is ahead of this replica and will be caught up live)
+    RECOVER = "recover"  # send ``entries`` (the missed messages), then say it is in sync
+    RESYNC = "resync"  # the gap is not cached: send the snapshot, flagged as a resync
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    kind: RecoveryKind
+    entries: tuple[Entry, ...] = ()
+    snapshot: Snapshot | None = None
+
+
+class _State:
+    __slots__ = ("cache", "epoch", "seq", "snapshot")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.seq = 0
+        self.snapshot: Snapshot | None = None
+        self.cache: deque[tuple[float, Entry]] | None = None
+
+
+class Replica:
+    """Every subject's position, snapshot and (optionally) cache, in one process."""
+
+    __slots__ = ("_cached", "_ids", "_states", "cache_size", "cache_ttl", "gaps")
+
+    def __init__(self, cache_size: int = 0, cache_ttl: float = 0.0) -> None:
+        self.cache_size = cache_size
+        self.cache_ttl = cache_ttl
+        self._states: dict[str, _State] = {}
+        self._cached: set[str] = set()
+        self._ids: dict[str, tuple[str, int, int]] = {}
+        self.gaps = 0
+
+    # --- reading ------------------------------------------------------------------------
+
+    def get(self, subject: str) -> Snapshot | None:
+        """The snapshot of ``subject``, or None."""
+        state = self._states.get(subject)
+        return state.snapshot if state is not None else None
+
+    def position(self, subject: str) -> tuple[int, int]:
+        """``(epoch, seq)`` of the subject's last message; ``(0, 0)`` before the first."""
+        state = self._states.get(subject)
+        return (state.epoch, state.seq) if state is not None else (0, 0)
+
+    def subjects(self) -> list[str]:
+        """Every subject with a position (published at least once)."""
+        return list(self._states)
+
+    def __len__(self) -> int:
+        """Subjects that have a snapshot."""
+        return sum(1 for state in self._states.values() if state.snapshot is not None)
+
+    def cached_messages(self) -> int:
+        return sum(len(self._states[s].cache or ()) for s in self._cached)
+
+    def find_publish(self, publish_id: str) -> tuple[str, int, int] | None:
+        """``(subject, epoch, seq)`` of a cached message with this publish id (idempotent retries)."""
+        return self._ids.get(publish_id) if publish_id else None
+
+    def sync(self, subject: str) -> SubjectSync | None:
+        """The subject's whole state, to send to another replica."""
+        state = self._states.get(subject)
+        if state is None:
+            return None
+        entries = tuple(entry for _, entry in state.cache) if state.cache else ()
+        return SubjectSync(subject, state.epoch, state.seq, state.snapshot, entries)
+
+    # --- numbering and live messages -----------------------------------------------------
+
+    def next_seq(self, subject: str) -> int:
+        """The seq the coordinator gives the subject's next message."""
+        state = self._states.get(subject)
+        return state.seq + 1 if state is not None else 1
+
+    def apply(self, subject: str, entry: Entry, now: float = 0.0) -> Applied:
+        """Apply a live message (the coordinator's own, or one it sent)."""
+        state = self._states.get(subject)
+        if state is None:
+            state = self._states[subject] = _State()
+        elif entry.seq <= state.seq:
+            return Applied.DUPLICATE
+        outcome = Applied.NEW
+        if state.seq and entry.seq != state.seq + 1:
+            outcome = Applied.GAP
+            self.gaps += 1
+            self._drop_cache(subject, state)  # the cache must stay contiguous
+        self._advance(subject, state, entry, now)
+        return outcome
+
+    def _advance(self, subject: str, state: _State, entry: Entry, now: float) -> None:
+        state.epoch = entry.epoch
+        state.seq = entry.seq
+        if entry.retained:
+            previous = state.snapshot
+            fields = entry.fields if previous is None else merge_fields(previous.fields, entry.fields)
+            state.snapshot = Snapshot(subject, entry.content, dict(fields), entry.seq, entry.epoch)
+        if self.cache_size:
+            cache = state.cache
+            if cache is None:
+                cache = state.cache = deque()
+                self._cached.add(subject)
+            if len(cache) >= self.cache_size:
+                self._forget(cache.popleft()[1])
+            cache.append((now, entry))
+            if entry.publish_id:
+                self._ids[entry.publish_id] = (subject, entry.epoch, entry.seq)
+
+    def _forget(self, entry: Entry) -> None:
+        if entry.publish_id:
+            known = self._ids.get(entry.publish_id)
+            if known is not None and known[1:] == (entry.epoch, entry.seq):
+                del self._ids[entry.publish_id]
+
+    def _drop_cache(self, subject: str, state: _State) -> None:
+        if state.cache:
+            for _, entry in state.cache:
+                self._forget(entry)
+        state.cache = None
+        self._cached.discard(subject)
+
+    def expire(self, now: float) -> int:
+        """Drop cached messages older than ``cache_ttl``; returns how many."""
+        if not self.cache_ttl or not self._cached:
+            return 0
+        cutoff = now - self.cache_ttl
+        dropped = 0
+        for subject in list(self._cached):
+            state = self._states[subject]
+            cache = state.cache
+            assert cache is not None
+            while cache and cache[0][0] <= cutoff:
+                self._forget(cache.popleft()[1])
+                dropped += 1
+            if not cache:
+                state.cache = None
+                self._cached.discard(subject)
+        return dropped
+
+    # --- merging another replica's state -----------------------------------------------
+
+    def merge(self, sync: SubjectSync, now: float = 0.0) -> Merged:
+        """Fold another replica's state of one subject into ours (see the module docstring)."""
+        if sync.seq == 0 and sync.snapshot is None:
+            return NOTHING
+        subject = sync.subject
+        state = self._states.get(subject)
+        if state is None:
+            if sync.entries and sync.entries[0].seq == 1 and sync.entries[-1].seq == sync.seq:
+                state = self._states[subject] = _State()  # the whole history is cached: all of it is new here
+                for entry in sync.entries:
+                    self._advance(subject, state, entry, now)
+                return Merged(new=sync.entries)
+            self._adopt(sync, now)
+            return Merged(resync=True)
+        ours = (state.seq, state.epoch)
+        theirs = (sync.seq, sync.epoch)
+        if theirs == ours:
+            self._prepend(subject, state, sync.entries, now)
+            return NOTHING
+        if theirs < ours:
+            self._prepend(subject, state, sync.entries, now)
+            return NOTHING
+        after = _after(sync.entries, state.epoch, state.seq)
+        if after is not None:
+            new = sync.entries[after:]
+            for entry in new:
+                self._advance(subject, state, entry, now)
+            return Merged(new=new)
+        self._adopt(sync, now)
+        return Merged(resync=True)
+
+    def _adopt(self, sync: SubjectSync, now: float) -> None:
+        state = self._states.get(sync.subject)
+        if state is None:
+            state = self._states[sync.subject] = _State()
+        else:
+            self._drop_cache(sync.subject, state)
+        state.epoch, state.seq, state.snapshot = sync.epoch, sync.seq, sync.snapshot
+        if self.cache_size and sync.entries and sync.entries[-1].seq == sync.seq:
+            self._fill(sync.subject, state, sync.entries, now)
+
+    def _fill(self, subject: str, state: _State, entries: Iterable[Entry], now: float) -> None:
+        kept = list(entries)[-self.cache_size :]
+        if not kept:
+            return
+        state.cache = deque((now, entry) for entry in kept)
+        self._cached.add(subject)
+        for entry in kept:
+            if entry.publish_id:
+                self._ids[entry.publish_id] = (subject, entry.epoch, entry.seq)
+
+    def _prepend(self, subject: str, state: _State, entries: tuple[Entry, ...], now: float) -> None:
+        """Older messages we lack, from a history consistent with ours (a member that joined late)."""
+        if not self.cache_size or not entries:
+            return
+        cache = state.cache
+        anchor_seq, anchor_epoch = (cache[0][1].seq, cache[0][1].epoch) if cache else (state.seq, state.epoch)
+        at = _find(entries, anchor_seq)
+        if at is None or entries[at].epoch != anchor_epoch or (cache and at == 0):
+            return
+        room = self.cache_size - (len(cache) if cache else 0)
+        if room <= 0:
+            return
+        older = entries[max(0, at - room) : at] if cache else entries[max(0, at + 1 - room) : at + 1]
+        merged = list(older) + ([entry for _, entry in cache] if cache else [])
+        self._drop_cache(subject, state)
+        self._fill(subject, state, merged, now)
+
+    # --- clients coming back -----------------------------------------------------------
+
+    def recover(self, subject: str, epoch: int, seq: int) -> Recovery:
+        """What a client that last saw ``(epoch, seq)`` of ``subject`` needs now."""
+        state = self._states.get(subject)
+        if state is None:
+            return Recovery(RecoveryKind.RESYNC)
+        if (epoch, seq) == (state.epoch, state.seq):
+            return Recovery(RecoveryKind.SYNC)
+        if seq > state.seq and epoch >= state.epoch:
+            return Recovery(RecoveryKind.SYNC)  # it saw messages this replica is about to receive
+        if state.cache:
+            entries = tuple(entry for _, entry in state.cache)
+            after = _after(entries, epoch, seq)
+            if after is not None:
+                return Recovery(RecoveryKind.RECOVER, entries[after:])
+        return Recovery(RecoveryKind.RESYNC, snapshot=state.snapshot)
+
+
+def _after(entries: tuple[Entry, ...], epoch: int, seq: int) -> int | None:
+    """Index of the message that follows ``(epoch, seq)`` in ``entries``, when they continue that history.
+
+    They do when they hold ``(epoch, seq)`` itself, or start right after it in the same
+    epoch (one coordinator numbers an epoch's messages without holes, so its seq + 1
+    follows its seq).
+    """
+    at = _find(entries, seq)
+    if at is not None:
+        return at + 1 if entries[at].epoch == epoch else None
+    if entries and entries[0].seq == seq + 1 and entries[0].epoch == epoch:
+        return 0
+    return None
+
+
+def _find(entries: tuple[Entry, ...], seq: int) -> int | None:
+    """Index of the entry numbered ``seq`` in a contiguous run, or None."""
+    if not entries:
+        return None
+    at = seq - entries[0].seq
+    if 0 <= at < len(entries) and entries[at].seq == seq:
+        return at
+    return None

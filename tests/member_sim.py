@@ -1,0 +1,195 @@
+"""An in-memory network of cluster members (migratory/member.py) for deterministic tests.
+
+Links are FIFO queues that can be cut; a member can be killed (its state is gone) and
+started again; each member has one worker whose replica applies exactly what the agent
+sends it, as a real worker does. A stand-in for the seed members' consensus computes
+Guaranteed mode's table from what the leader sees, as the real leader does.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from migratory import bus as b
+from migratory.groups import Table, assign
+from migratory.member import Member, MemberSettings
+from migratory.protocol import Status
+from migratory.replica import Applied, Replica
+
+
+@dataclass
+class Worker:
+    replica: Replica
+    delivered: dict[str, list[tuple[int, int, bytes]]] = field(default_factory=dict)
+    ready: bool = False
+
+    def take(self, frame: b.BusFrame) -> None:
+        if isinstance(frame, b.Published):
+            if self.replica.apply(frame.subject, frame.entry()) is not Applied.DUPLICATE:
+                self.delivered.setdefault(frame.subject, []).append((frame.epoch, frame.seq, frame.content))
+        elif isinstance(frame, b.SyncSubject):
+            merged = self.replica.merge(frame.state)
+            for entry in merged.new:
+                self.delivered.setdefault(frame.state.subject, []).append((entry.epoch, entry.seq, entry.content))
+            if merged.resync:
+                pos = self.replica.position(frame.state.subject)
+                self.delivered.setdefault(frame.state.subject, []).append((pos[0], pos[1], b"<resync>"))
+        elif isinstance(frame, b.ClusterInfo):
+            self.ready = frame.ready
+
+
+class Net:
+    def __init__(self, size: int, guaranteed: bool = False, cache: int = 1000) -> None:
+        self.size = size
+        self.guaranteed = guaranteed
+        self.cache = cache
+        self.now = 0.0
+        self.members: dict[int, Member] = {}
+        self.workers: dict[int, Worker] = {}
+        self.queue: deque[tuple[int, int, b.BusFrame]] = deque()
+        self.links: set[frozenset[int]] = set()
+        self.cut: set[frozenset[int]] = set()
+        self.answers: dict[tuple[int, int], b.ForwardStatus] = {}
+        self.requests = 0
+        self.incarnations = 0
+        self.table = Table()
+        self.leader = 0
+
+    # --- the wire of one member ---------------------------------------------------------
+
+    def wire(self, me: int) -> _Wire:
+        return _Wire(self, me)
+
+    def start(self, index: int) -> None:
+        settings = MemberSettings(
+            index,
+            self.size,
+            guaranteed=self.guaranteed,
+            seeds=3 if self.guaranteed else 0,
+            cache_size=self.cache,
+            heartbeat_interval=0.5,
+            heartbeat_timeout=3.0,
+            epoch_floor=self.incarnations * self.size,
+        )
+        self.incarnations += 1
+        member = Member(settings, self.wire(index), self.now)
+        self.members[index] = member
+        self.workers[index] = Worker(Replica(self.cache if self.guaranteed else 0, 1e9))
+        member.worker_up(0)
+        if self.guaranteed and member.me < member.s.seeds:
+            member.set_table(self.table, self.now)
+        for other in self.members:
+            if other != index and frozenset((index, other)) not in self.cut:
+                self._link(index, other)
+
+    def _link(self, a: int, c: int) -> None:
+        self.links.add(frozenset((a, c)))
+        self.members[a].peer_up(c, 0, self.now)
+        self.members[c].peer_up(a, 0, self.now)
+
+    def _unlink(self, a: int, c: int) -> None:
+        if frozenset((a, c)) in self.links:
+            self.links.discard(frozenset((a, c)))
+            for x, y in ((a, c), (c, a)):
+                if x in self.members:
+                    self.members[x].peer_down(y, self.now)
+
+    def kill(self, index: int) -> None:
+        for other in list(self.members):
+            if other != index:
+                self._unlink(index, other)
+        del self.members[index]
+        self.queue = deque(item for item in self.queue if index not in item[:2])
+
+    def partition(self, index: int) -> None:
+        for other in list(self.members):
+            if other != index:
+                self.cut.add(frozenset((index, other)))
+                self._unlink(index, other)
+
+    def heal(self) -> None:
+        self.cut.clear()
+        for a in self.members:
+            for c in self.members:
+                if a < c and frozenset((a, c)) not in self.links:
+                    self._link(a, c)
+
+    # --- driving ----------------------------------------------------------------------------
+
+    def run(self, seconds: float = 0.0, step: float = 0.1) -> None:
+        """Deliver everything queued, ticking the clock ``seconds`` forward in ``step``s."""
+        end = self.now + seconds
+        while True:
+            self._drain()
+            self._consensus()
+            self._drain()
+            if self.now >= end:
+                return
+            self.now = min(end, self.now + step)
+            for member in list(self.members.values()):
+                member.tick(self.now)
+
+    def _drain(self) -> None:
+        for _ in range(1_000_000):
+            if not self.queue:
+                return
+            src, dst, frame = self.queue.popleft()
+            if frozenset((src, dst)) in self.links and dst in self.members:
+                self.members[dst].on_peer_frame(src, frame, self.now)
+        raise AssertionError("the members never stop talking")
+
+    def _consensus(self) -> None:
+        """Guaranteed mode: the lowest live seed leads, and its view becomes the table."""
+        if not self.guaranteed:
+            return
+        seeds = [i for i in sorted(self.members) if i < 3]
+        for member in self.members.values():
+            member.leader = False
+        if not seeds:
+            return
+        leader = self.members[seeds[0]]
+        reachable = [s for s in seeds if s == seeds[0] or frozenset((s, seeds[0])) in self.links]
+        quorum = len(reachable) >= 2
+        leader.leader, leader.leader_quorum = True, quorum
+        if not quorum:
+            return
+        proposal = assign(self.table, leader.live_members(), self.size)
+        if proposal.version != self.table.version:
+            self.table = proposal
+            for s in reachable:
+                self.members[s].set_table(proposal, self.now)
+
+    def publish(self, index: int, subject: str, content: bytes, publish_id: str = "") -> int:
+        self.requests += 1
+        frame = b.Forward(self.requests, subject, content, {}, True, self.guaranteed, {}, publish_id)
+        self.members[index].on_worker_frame(0, frame, self.now)
+        return self.requests
+
+    def status(self, index: int, request: int) -> Status | None:
+        answer = self.answers.get((index, request))
+        return Status(answer.status) if answer is not None else None
+
+
+@dataclass
+class _Wire:
+    net: Net
+    me: int
+
+    def to_peer(self, member: int, frame: b.BusFrame) -> None:
+        b.decode(b.encode(frame)[4:])  # every frame the machine emits must survive the codec
+        self.net.queue.append((self.me, member, frame))
+
+    def to_workers(self, frame: b.BusFrame) -> None:
+        self.to_worker(0, frame)
+
+    def to_worker(self, worker: int, frame: b.BusFrame) -> None:
+        if isinstance(frame, b.ForwardStatus):
+            self.net.answers[(self.me, frame.request)] = frame
+        else:
+            self.net.workers[self.me].take(frame)
+
+    def drop_peer(self, member: int, reason: str) -> None:
+        self.net.links.discard(frozenset((self.me, member)))
+        if member in self.net.members:
+            self.net.members[member].peer_down(self.me, self.net.now)

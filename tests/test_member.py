@@ -1,0 +1,246 @@
+"""The member state machine on an in-memory network: agreement, failover, joins, partitions."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from migratory.groups import GROUPS, group_of
+from migratory.protocol import Status
+from tests.member_sim import Net
+
+
+def subjects_of_group(group: int, count: int = 3) -> list[str]:
+    out, n = [], 0
+    while len(out) < count:
+        subject = f"/g/{n}"
+        if group_of(subject) == group:
+            out.append(subject)
+        n += 1
+    return out
+
+
+def same(values: list[object]) -> bool:
+    return all(v == values[0] for v in values)
+
+
+def owners(net: Net) -> dict[int, int]:
+    """group -> the one member that actively coordinates it (asserts there is exactly one)."""
+    out = {}
+    for group in range(GROUPS):
+        active = [i for i, m in net.members.items() if m.active[group]]
+        assert len(active) == 1, (group, active)
+        out[group] = active[0]
+    return out
+
+
+def started(size: int, guaranteed: bool = False) -> Net:
+    net = Net(size, guaranteed)
+    for index in range(size):
+        net.start(index)
+    net.run(5)
+    assert all(m.ready for m in net.members.values())
+    return net
+
+
+def contents(net: Net, index: int, subject: str) -> list[bytes]:
+    return [c for _, _, c in net.workers[index].delivered.get(subject, [])]
+
+
+def test_members_agree_on_one_coordinator_per_group() -> None:
+    net = started(3)
+    table = owners(net)
+    assert set(table.values()) == {0, 1, 2}  # the groups spread over the members
+    epochs = {tuple(m.epochs) for m in net.members.values()}
+    assert len(epochs) == 1
+
+
+def test_publish_anywhere_receive_everywhere_in_one_order() -> None:
+    net = started(3)
+    subjects = [f"/s/{i}" for i in range(12)]
+    requests = []
+    for n in range(20):
+        for subject in subjects:
+            publisher = (n + hash(subject)) % 3
+            requests.append((publisher, net.publish(publisher, subject, f"{subject}:{n}".encode())))
+        net.run()
+    assert all(net.status(i, r) in (Status.OK, Status.NO_SUBSCRIBER) for i, r in requests)
+    for subject in subjects:
+        expected = [f"{subject}:{n}".encode() for n in range(20)]
+        for index in range(3):
+            assert contents(net, index, subject) == expected
+            assert [s for _, s, _ in net.workers[index].delivered[subject]] == list(range(1, 21))
+        assert same([net.workers[i].replica.get(subject) for i in range(3)])
+
+
+def test_a_killed_coordinator_hands_its_groups_over_and_numbering_continues() -> None:
+    net = started(3)
+    table = owners(net)
+    group = next(g for g, owner in table.items() if owner == 2)
+    subject = subjects_of_group(group)[0]
+    for n in range(5):
+        net.publish(0, subject, f"a{n}".encode())
+    net.run()
+    net.kill(2)
+    net.run(1)
+    new_table = owners(net)
+    assert new_table[group] in (0, 1)
+    assert all(owner in (0, 1) for owner in new_table.values())
+    for n in range(5):
+        net.publish(1, subject, f"b{n}".encode())
+    net.run()
+    for index in (0, 1):
+        delivered = net.workers[index].delivered[subject]
+        assert [c for _, _, c in delivered] == [f"a{n}".encode() for n in range(5)] + [f"b{n}".encode() for n in range(5)]
+        assert [s for _, s, _ in delivered] == list(range(1, 11))
+        assert delivered[5][0] > delivered[4][0]  # a new epoch after the failover
+
+
+def test_a_late_member_joins_with_every_snapshot_then_takes_groups() -> None:
+    net = Net(3)
+    net.start(0)
+    net.start(1)
+    net.run(5)
+    subjects = [f"/late/{i}" for i in range(10)]
+    for subject in subjects:
+        net.publish(0, subject, b"v1")
+    net.run()
+    for subject in subjects:
+        net.publish(1, subject, b"v2")
+    net.run()
+    net.start(2)
+    net.run(2)
+    assert net.members[2].ready
+    for subject in subjects:
+        snapshot = net.workers[2].replica.get(subject)
+        assert snapshot is not None and snapshot.content == b"v2" and snapshot.seq == 2
+    assert 2 in owners(net).values()
+    for subject in subjects:
+        net.publish(2, subject, b"v3")
+    net.run()
+    for subject in subjects:
+        assert {net.workers[i].replica.position(subject)[1] for i in range(3)} == {3}
+
+
+def test_a_partition_heals_and_every_member_converges() -> None:
+    net = started(3)
+    subjects = [f"/p/{i}" for i in range(16)]
+    for subject in subjects:
+        net.publish(0, subject, b"before")
+    net.run()
+    net.partition(2)
+    net.run(1)
+    for subject in subjects:  # both sides go on (Standard tolerates a lone member)
+        net.publish(0, subject, b"majority")
+        net.publish(2, subject, b"minority")
+    net.run(1)
+    net.heal()
+    net.run(3)
+    owners(net)
+    for subject in subjects:
+        positions = {net.workers[i].replica.position(subject) for i in range(3)}
+        snapshots = [net.workers[i].replica.get(subject) for i in range(3)]
+        assert len(positions) == 1 and same(snapshots), subject
+
+
+def test_standard_member_alone_serves() -> None:
+    net = Net(3)
+    net.start(1)
+    net.run(4)
+    assert net.members[1].ready
+    request = net.publish(1, "/alone/x", b"1")
+    net.run()
+    assert net.status(1, request) == Status.NO_SUBSCRIBER
+    assert owners(net)
+
+
+def test_guaranteed_every_acknowledged_message_survives_the_coordinator() -> None:
+    net = started(3, guaranteed=True)
+    assert net.table.members == (0, 1, 2)
+    table = owners(net)
+    group = next(g for g, owner in table.items() if owner == 1)
+    subject = subjects_of_group(group)[0]
+    sent: list[tuple[int, bytes, str, int]] = []
+    for n in range(10):
+        pid = f"p{n}"
+        sent.append((0, f"m{n}".encode(), pid, net.publish(0, subject, f"m{n}".encode(), pid)))
+    net.run()
+    assert all(net.status(0, r) in (Status.OK, Status.NO_SUBSCRIBER) for *_, r in sent)
+    # the next ones are in flight when the coordinator dies
+    for n in range(10, 15):
+        pid = f"p{n}"
+        sent.append((0, f"m{n}".encode(), pid, net.publish(0, subject, f"m{n}".encode(), pid)))
+    net.kill(1)
+    net.run(2)
+    # publishers retry whatever was not OK, with the same publish id
+    for _, content, pid, request in sent:
+        if net.status(0, request) not in (Status.OK, Status.NO_SUBSCRIBER):
+            retry = net.publish(0, subject, content, pid)
+            net.run(1)
+            assert net.status(0, retry) in (Status.OK, Status.NO_SUBSCRIBER)
+    for index in (0, 2):
+        got = contents(net, index, subject)
+        assert got == [f"m{n}".encode() for n in range(15)], got
+
+
+def test_guaranteed_refuses_publications_without_a_seed_majority() -> None:
+    net = started(3, guaranteed=True)
+    net.kill(1)
+    net.kill(2)
+    net.run(4)
+    request = net.publish(0, "/q/x", b"lost?", "id-1")
+    net.run()
+    assert net.status(0, request) == Status.FAILED
+    assert "quorum" in net.answers[(0, request)].reason or "second" in net.answers[(0, request)].reason
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32), st.booleans())
+def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, partition: bool) -> None:
+    rng = random.Random(seed)
+    net = started(5, guaranteed=True)
+    subjects = [f"/r/{i}" for i in range(6)]
+    acked: dict[str, list[bytes]] = {s: [] for s in subjects}
+    outstanding: list[tuple[int, str, bytes, str, int]] = []
+    victim = rng.choice([1, 2, 3, 4])
+    for n in range(60):
+        subject = rng.choice(subjects)
+        publisher = rng.choice([i for i in net.members if i != victim] or [0])
+        pid = f"{subject}#{n}"
+        outstanding.append((publisher, subject, f"{n}".encode(), pid, net.publish(publisher, subject, f"{n}".encode(), pid)))
+        if n == 25:
+            if partition:
+                net.partition(victim)
+            else:
+                net.kill(victim)
+        net.run(rng.choice([0.0, 0.1, 0.3]))
+    net.run(3)
+    # every publication gets an answer; publishers retry the failed ones with the same id
+    for _ in range(5):
+        still = []
+        for publisher, subject, content, pid, request in outstanding:
+            status = net.status(publisher, request)
+            assert status is not None, "a publisher got no answer"
+            if status in (Status.OK, Status.NO_SUBSCRIBER):
+                acked[subject].append(content)
+            else:
+                alive = [i for i in net.members if i != victim]
+                retry_from = publisher if publisher in alive else alive[0]
+                still.append((retry_from, subject, content, pid, net.publish(retry_from, subject, content, pid)))
+        net.run(1)
+        outstanding = still
+    assert not outstanding
+    if partition:
+        net.heal()
+        net.run(4)
+    for index in net.members:
+        if index == victim and not partition:
+            continue
+        for subject in subjects:
+            got = contents(net, index, subject)
+            assert len(got) == len(set(got)), f"duplicate on member {index}: {got}"
+            assert set(acked[subject]) <= set(got), f"member {index} lost {set(acked[subject]) - set(got)}"
+            seqs = [s for _, s, _ in net.workers[index].delivered.get(subject, [])]
+            assert seqs == sorted(seqs)

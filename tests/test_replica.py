@@ -1,0 +1,178 @@
+"""Replicated subject state: live apply, cache, recovery and merging (no sockets)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from migratory.replica import Applied, Entry, RecoveryKind, Replica
+
+S = "/s/x"
+
+
+def history(epoch: int, first: int, count: int, tag: str = "") -> list[Entry]:
+    return [
+        Entry(epoch, seq, f"{tag}{seq}".encode(), {f"f{seq % 3}": str(seq)}, True, f"{tag}id{seq}")
+        for seq in range(first, first + count)
+    ]
+
+
+def fed(entries: list[Entry], cache: int = 0) -> Replica:
+    replica = Replica(cache_size=cache, cache_ttl=100.0)
+    for entry in entries:
+        replica.apply(S, entry, 0.0)
+    return replica
+
+
+def test_live_messages_in_order_duplicates_and_gaps() -> None:
+    replica = Replica(cache_size=10)
+    assert replica.next_seq(S) == 1
+    assert replica.apply(S, Entry(3, 1, b"a", {"x": "1"})) is Applied.NEW
+    assert replica.apply(S, Entry(3, 2, b"b", {"y": "2"})) is Applied.NEW
+    assert replica.apply(S, Entry(3, 2, b"b")) is Applied.DUPLICATE
+    assert replica.apply(S, Entry(3, 1, b"a")) is Applied.DUPLICATE
+    snapshot = replica.get(S)
+    assert snapshot is not None and (snapshot.content, dict(snapshot.fields), snapshot.seq) == (
+        b"b",
+        {"x": "1", "y": "2"},
+        2,
+    )
+    assert replica.apply(S, Entry(3, 5, b"e")) is Applied.GAP
+    assert replica.position(S) == (3, 5) and replica.gaps == 1
+    # the cache restarted at the gap: a client that saw seq 2 cannot be recovered, only resynced
+    assert replica.recover(S, 3, 2).kind is RecoveryKind.RESYNC
+    assert replica.recover(S, 3, 5).kind is RecoveryKind.SYNC
+
+
+def test_non_retained_messages_are_numbered_and_cached_but_leave_the_snapshot() -> None:
+    replica = Replica(cache_size=10)
+    replica.apply(S, Entry(1, 1, b"kept"))
+    replica.apply(S, Entry(1, 2, b"live only", retained=False))
+    snapshot = replica.get(S)
+    assert snapshot is not None and snapshot.content == b"kept" and replica.position(S) == (1, 2)
+    assert [e.content for e in replica.recover(S, 1, 1).entries] == [b"live only"]
+
+
+def test_recovery_sends_exactly_what_was_missed() -> None:
+    replica = fed(history(4, 1, 20), cache=8)
+    recovery = replica.recover(S, 4, 15)
+    assert recovery.kind is RecoveryKind.RECOVER
+    assert [e.seq for e in recovery.entries] == [16, 17, 18, 19, 20]
+    assert replica.recover(S, 4, 20).kind is RecoveryKind.SYNC
+    assert len(replica.recover(S, 4, 12).entries) == 8  # 13, the oldest cached, follows 12 in the same epoch
+    assert replica.recover(S, 4, 11).kind is RecoveryKind.RESYNC  # evicted: the snapshot instead
+    assert replica.recover(S, 9, 15).kind is RecoveryKind.RESYNC  # another history's position
+    assert replica.recover(S, 4, 23).kind is RecoveryKind.SYNC  # ahead of us: live messages will catch up
+    resync = replica.recover(S, 4, 3)
+    assert resync.snapshot is not None and resync.snapshot.seq == 20
+    assert replica.recover("/none/here", 1, 1).kind is RecoveryKind.RESYNC
+
+
+def test_cache_expiry_and_publish_ids() -> None:
+    replica = Replica(cache_size=3, cache_ttl=10.0)
+    for seq in range(1, 5):
+        replica.apply(S, Entry(1, seq, b"m", publish_id=f"p{seq}"), now=float(seq))
+    assert replica.find_publish("p1") is None  # evicted with its entry
+    assert replica.find_publish("p4") == (S, 1, 4)
+    assert replica.expire(12.5) == 1  # seq 2 was cached at t=2
+    assert replica.find_publish("p2") is None and replica.cached_messages() == 2
+    assert replica.expire(100.0) == 2
+    assert replica.recover(S, 1, 3).kind is RecoveryKind.RESYNC
+    assert replica.find_publish("p4") is None
+
+
+def test_a_replica_behind_catches_up_with_the_missing_messages() -> None:
+    full = fed(history(2, 1, 30), cache=50)
+    behind = fed(history(2, 1, 22), cache=50)
+    sync = full.sync(S)
+    assert sync is not None
+    merged = behind.merge(sync)
+    assert not merged.resync and [e.seq for e in merged.new] == list(range(23, 31))
+    assert behind.sync(S) == sync
+    assert full.merge(sync).changed is False
+
+
+def test_standard_mode_without_cache_resyncs_to_the_snapshot() -> None:
+    full = fed(history(2, 1, 30))
+    behind = fed(history(2, 1, 22))
+    sync = full.sync(S)
+    assert sync is not None and sync.entries == ()
+    merged = behind.merge(sync)
+    assert merged.resync and merged.new == ()
+    assert behind.get(S) == full.get(S) and behind.position(S) == (2, 30)
+
+
+def test_a_replica_that_never_saw_the_subject_gets_its_whole_history_or_adopts_it() -> None:
+    full = fed(history(2, 1, 5), cache=10)
+    empty = Replica(cache_size=10)
+    sync = full.sync(S)
+    assert sync is not None
+    assert [e.seq for e in empty.merge(sync).new] == [1, 2, 3, 4, 5]  # all cached: every message is new here
+    assert empty.sync(S) == sync
+    assert empty.find_publish("id3") == (S, 2, 3)
+    trimmed = fed(history(2, 1, 15), cache=10).sync(S)  # the first messages fell out of the cache
+    assert trimmed is not None
+    late = Replica(cache_size=10)
+    merged = late.merge(trimmed)
+    assert merged.resync and not merged.new
+    assert late.sync(S) == trimmed
+
+
+def test_late_joiner_gets_older_cached_messages() -> None:
+    base = history(2, 1, 10)
+    full = fed(base, cache=20)
+    joiner = Replica(cache_size=20)
+    joiner.apply(S, base[-1])  # it saw only the last message live
+    sync = full.sync(S)
+    assert sync is not None
+    assert joiner.merge(sync).changed is False  # same position: nothing to deliver ...
+    assert joiner.recover(S, 2, 4).kind is RecoveryKind.RECOVER  # ... but its cache now reaches back
+
+
+lineages = st.tuples(
+    st.integers(0, 12),  # common prefix length
+    st.integers(0, 8),  # messages only on side A
+    st.integers(0, 8),  # messages only on side B
+    st.integers(0, 25),  # cache size (0: Standard mode)
+    st.booleans(),  # which side got the higher epoch
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lineages)
+def test_two_diverged_replicas_converge_whoever_merges_first(case: tuple[int, int, int, int, bool]) -> None:
+    common, only_a, only_b, cache, a_higher = case
+    prefix = history(1, 1, common, "c")
+    epoch_a, epoch_b = (7, 5) if a_higher else (5, 7)
+    a_side = prefix + history(epoch_a, common + 1, only_a, "a")
+    b_side = prefix + history(epoch_b, common + 1, only_b, "b")
+    if not a_side and not b_side:
+        return
+    a, b = fed(a_side, cache), fed(b_side, cache)
+    sync_a, sync_b = a.sync(S), b.sync(S)
+    if sync_a is not None:
+        b.merge(sync_a)
+    if sync_b is not None:
+        a.merge(sync_b)
+    assert a.position(S) == b.position(S)
+    assert a.get(S) == b.get(S)
+    winner = max(a_side[-1:] + b_side[-1:], key=lambda e: (e.seq, e.epoch))
+    assert a.position(S) == (winner.epoch, winner.seq)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 40), st.integers(1, 30))
+def test_merge_delivers_a_contiguous_continuation_or_a_resync(total: int, seen: int, cache: int) -> None:
+    seen = min(seen, total)
+    full = fed(history(3, 1, total), cache)
+    behind = fed(history(3, 1, seen), cache)
+    sync = full.sync(S)
+    assert sync is not None
+    merged = behind.merge(sync)
+    if seen == total:
+        assert not merged.changed
+    elif total - seen <= cache:  # seen == 0: the whole history is cached, all of it is new
+        assert [e.seq for e in merged.new] == list(range(seen + 1, total + 1)) and not merged.resync
+    else:
+        assert merged.resync and not merged.new
+    assert behind.get(S) == full.get(S)
