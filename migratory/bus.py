@@ -111,11 +111,14 @@ class Forward:
 
 @dataclass(frozen=True, slots=True)
 class ForwardStatus:
+    """The coordinator's answer to a Forward: status, the message's (epoch, seq), subscribers reached."""
+
     request: int
     status: int
     seq: int
     reason: str
     epoch: int = 0
+    recipients: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +353,7 @@ def _encode_body(frame: BusFrame) -> bytes:
             + _Q.pack(frame.request)
             + _Q.pack(frame.seq)
             + _Q.pack(frame.epoch)
+            + _Q.pack(frame.recipients)
             + _s(frame.reason)
         )
     if isinstance(frame, Interest):
@@ -498,7 +502,8 @@ def decode(body: bytes) -> BusFrame:
         request = c.u64()
         seq = c.u64()
         epoch = c.u64()
-        frame = ForwardStatus(request, flag, seq, c.text(), epoch)
+        recipients = c.u64()
+        frame = ForwardStatus(request, flag, seq, c.text(), epoch, recipients)
     elif kind == Kind.INTEREST:
         count = c.u64()
         frame = Interest(c.text(), count)

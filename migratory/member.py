@@ -308,7 +308,7 @@ class Member:
         elif isinstance(frame, ForwardStatus):
             answered = self._pending.pop(frame.request, None)
             if answered is not None:
-                self._answer(answered, Status(frame.status), frame.reason, frame.seq, frame.epoch)
+                self._answer(answered, Status(frame.status), frame.reason, frame.seq, frame.epoch, frame.recipients)
         elif isinstance(frame, Heartbeat):
             self._heartbeat(peer, frame, now)
         elif isinstance(frame, Interest):
@@ -658,18 +658,21 @@ class Member:
             if (item.frame.epoch, item.seq) == (epoch, seq):
                 item.waiters.append(pending)  # still waiting for its second copy
                 return
-        status = Status.OK if self.recipients(subject) else Status.NO_SUBSCRIBER
-        self._answer(pending, status, "", seq, epoch)
+        recipients = self.recipients(subject)
+        self._answer(pending, Status.OK if recipients else Status.NO_SUBSCRIBER, "", seq, epoch, recipients)
 
     def _answer_numbered(self, pending: _Pending, published: Published) -> None:
-        status = Status.OK if self.recipients(published.subject) else Status.NO_SUBSCRIBER
-        self._answer(pending, status, "", published.seq, published.epoch)
+        recipients = self.recipients(published.subject)
+        status = Status.OK if recipients else Status.NO_SUBSCRIBER
+        self._answer(pending, status, "", published.seq, published.epoch, recipients)
 
-    def _answer(self, pending: _Pending, status: Status, reason: str, seq: int = 0, epoch: int = 0) -> None:
+    def _answer(
+        self, pending: _Pending, status: Status, reason: str, seq: int = 0, epoch: int = 0, recipients: int = 0
+    ) -> None:
         kind, index, request = pending.source
         if status is Status.FAILED:
             self.counters["publish_failed"] += 1
-        answer = ForwardStatus(request, status, seq, reason, epoch)
+        answer = ForwardStatus(request, status, seq, reason, epoch, recipients)
         if kind == "worker":
             if index in self.workers:
                 self.wire.to_worker(index, answer)

@@ -1,4 +1,4 @@
-"""The native protocol, version 1: binary messages carried in WebSocket binary frames.
+"""The native protocol, versions 1 and 2: binary messages carried in WebSocket binary frames.
 
 Both directions are encoded and decoded here, without I/O, so the server, the
 client library and the tests share one codec (specified in docs/protocol.md).
@@ -7,6 +7,11 @@ Layout of every native message: one opcode byte, then opcode-specific fields.
 Integers are unsigned LEB128 varints; strings are a varint byte length followed by
 UTF-8; the content of PUBLISH and MESSAGE is the rest of the frame, binary-safe, so
 nothing is base64-encoded and the overhead per delivered message is constant.
+
+Version 2 adds what failover needs: SUBSCRIBE may carry the last ``(epoch, seq)`` the
+client saw of each subject, PUBLISH a publish id that makes retries idempotent,
+MESSAGE a RECOVERED flag, and the server's NOTIFY (data in sync / resynchronised).
+A server speaks both; a version 1 session never receives a version 2 message.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "SUPPORTED_VERSIONS",
     "Connect",
     "Connected",
     "DecodeError",
     "Delivery",
     "ErrorNotice",
+    "Notify",
+    "NotifyCode",
     "Op",
     "Publish",
     "PublishStatus",
@@ -35,6 +43,7 @@ __all__ = [
     "encode_connected",
     "encode_delivery",
     "encode_error",
+    "encode_notify",
     "encode_publish",
     "encode_publish_status",
     "encode_subscribe",
@@ -42,7 +51,8 @@ __all__ = [
     "encode_unsubscribe",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 
 # Limits that keep a hostile frame from making the decoder allocate without bound.
 MAX_FIELDS = 1024
@@ -60,6 +70,7 @@ class Op(enum.IntEnum):
     SUBSCRIBE_STATUS = 0x82
     MESSAGE = 0x83
     PUBLISH_STATUS = 0x84
+    NOTIFY = 0x85
     ERROR = 0x8F
 
 
@@ -78,12 +89,22 @@ class Status(enum.IntEnum):
     PROTOCOL_ERROR = 9
 
 
+class NotifyCode(enum.IntEnum):
+    """NOTIFY codes (version 2), named as in the product's client API."""
+
+    DATA_SYNC = 1  # after a resubscription: the missed messages (if any) were sent, none is missing
+    DATA_RESYNC = 2  # the missed messages are gone: the current snapshot follows
+
+
 # flag bits
+SUBSCRIBE_POSITIONS = 0x01
 PUBLISH_RETAINED = 0x01
 PUBLISH_GUARANTEED = 0x02
+PUBLISH_ID = 0x04
 MESSAGE_SNAPSHOT = 0x01
 MESSAGE_RETAINED = 0x02
 MESSAGE_GUARANTEED = 0x04
+MESSAGE_RECOVERED = 0x08
 
 
 class DecodeError(ValueError):
@@ -101,8 +122,11 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
+    """``positions[i]``: the last ``(epoch, seq)`` seen of ``subjects[i]`` ((0, 0): none); version 2."""
+
     subjects: tuple[str, ...]
     conflation_ms: int = 0
+    positions: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +142,7 @@ class Publish:
     closure: str = ""
     retained: bool = True
     guaranteed: bool = False
+    publish_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +169,13 @@ class Delivery:
     snapshot: bool
     retained: bool
     guaranteed: bool
+    recovered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    code: NotifyCode
+    subject: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +192,7 @@ class ErrorNotice:
 
 
 ClientFrame = Connect | Subscribe | Unsubscribe | Publish
-ServerFrame = Connected | SubscribeStatus | Delivery | PublishStatus | ErrorNotice
+ServerFrame = Connected | SubscribeStatus | Delivery | PublishStatus | Notify | ErrorNotice
 
 
 # --- primitives ------------------------------------------------------------------------
@@ -242,13 +274,16 @@ class _Reader:
             out[name] = self.string("field value")
         return out
 
-    def subjects(self) -> tuple[str, ...]:
+    def count(self) -> int:
         count = self.varint("subject count")
         if count == 0:
             raise DecodeError("no subject given")
         if count > MAX_SUBJECTS_PER_REQUEST:
             raise DecodeError(f"too many subjects in one request ({count})")
-        return tuple(self.string("subject") for _ in range(count))
+        return count
+
+    def subjects(self) -> tuple[str, ...]:
+        return tuple(self.string("subject") for _ in range(self.count()))
 
     def rest(self) -> bytes:
         out = self.data[self.pos :]
@@ -267,9 +302,19 @@ def encode_connect(token: str = "", version: int = PROTOCOL_VERSION) -> bytes:
     return bytes((Op.CONNECT,)) + _varint(version) + _string(token)
 
 
-def encode_subscribe(subjects: Sequence[str], conflation_ms: int = 0) -> bytes:
-    body = [bytes((Op.SUBSCRIBE, 0)), _varint(conflation_ms), _varint(len(subjects))]
-    body.extend(_string(s) for s in subjects)
+def encode_subscribe(
+    subjects: Sequence[str], conflation_ms: int = 0, positions: Sequence[tuple[int, int]] = ()
+) -> bytes:
+    """SUBSCRIBE; with ``positions`` (one per subject, version 2) the server recovers what was missed."""
+    if positions and len(positions) != len(subjects):
+        raise ValueError("one position per subject")
+    flags = SUBSCRIBE_POSITIONS if positions else 0
+    body = [bytes((Op.SUBSCRIBE, flags)), _varint(conflation_ms), _varint(len(subjects))]
+    if positions:
+        for subject, (epoch, seq) in zip(subjects, positions, strict=True):
+            body += [_string(subject), _varint(epoch), _varint(seq)]
+    else:
+        body.extend(_string(s) for s in subjects)
     return b"".join(body)
 
 
@@ -286,12 +331,19 @@ def encode_publish(
     closure: str = "",
     retained: bool = True,
     guaranteed: bool = False,
+    publish_id: str = "",
 ) -> bytes:
-    flags = (PUBLISH_RETAINED if retained else 0) | (PUBLISH_GUARANTEED if guaranteed else 0)
+    """PUBLISH; a ``publish_id`` (version 2) lets the cluster recognise a retry of the same message."""
+    flags = (
+        (PUBLISH_RETAINED if retained else 0)
+        | (PUBLISH_GUARANTEED if guaranteed else 0)
+        | (PUBLISH_ID if publish_id else 0)
+    )
     return b"".join(
         (
             bytes((Op.PUBLISH, flags)),
             _string(closure),
+            _string(publish_id) if publish_id else b"",
             _string(subject),
             _fields(fields or {}),
             content,
@@ -312,21 +364,31 @@ def decode_client(data: bytes) -> ClientFrame:
         return Connect(version, token)
     if op == Op.SUBSCRIBE:
         flags = r.byte("flags")
-        if flags:
+        if flags & ~SUBSCRIBE_POSITIONS:
             raise DecodeError(f"unknown subscribe flags 0x{flags:02x}")
         conflation = r.varint("conflation time")
-        subjects = r.subjects()
+        if not flags:
+            subjects = r.subjects()
+            r.end()
+            return Subscribe(subjects, conflation)
+        count = r.count()
+        names: list[str] = []
+        positions: list[tuple[int, int]] = []
+        for _ in range(count):
+            names.append(r.string("subject"))
+            positions.append((r.varint("epoch"), r.varint("seq")))
         r.end()
-        return Subscribe(subjects, conflation)
+        return Subscribe(tuple(names), conflation, tuple(positions))
     if op == Op.UNSUBSCRIBE:
         subjects = r.subjects()
         r.end()
         return Unsubscribe(subjects)
     if op == Op.PUBLISH:
         flags = r.byte("flags")
-        if flags & ~(PUBLISH_RETAINED | PUBLISH_GUARANTEED):
+        if flags & ~(PUBLISH_RETAINED | PUBLISH_GUARANTEED | PUBLISH_ID):
             raise DecodeError(f"unknown publish flags 0x{flags:02x}")
         closure = r.string("closure")
+        publish_id = r.string("publish id") if flags & PUBLISH_ID else ""
         subject = r.string("subject")
         fields = r.fields()
         return Publish(
@@ -336,6 +398,7 @@ def decode_client(data: bytes) -> ClientFrame:
             closure,
             bool(flags & PUBLISH_RETAINED),
             bool(flags & PUBLISH_GUARANTEED),
+            publish_id,
         )
     raise DecodeError(f"unknown opcode 0x{op:02x}")
 
@@ -361,12 +424,14 @@ def encode_delivery(
     snapshot: bool = False,
     retained: bool = True,
     guaranteed: bool = False,
+    recovered: bool = False,
 ) -> bytes:
     """Encode a MESSAGE; built once per publication and shared by all subscribers."""
     flags = (
         (MESSAGE_SNAPSHOT if snapshot else 0)
         | (MESSAGE_RETAINED if retained else 0)
         | (MESSAGE_GUARANTEED if guaranteed else 0)
+        | (MESSAGE_RECOVERED if recovered else 0)
     )
     return b"".join(
         (
@@ -382,6 +447,11 @@ def encode_delivery(
 
 def encode_publish_status(status: Status, closure: str, reason: str = "") -> bytes:
     return bytes((Op.PUBLISH_STATUS, status)) + _string(closure) + _string(reason)
+
+
+def encode_notify(code: NotifyCode, subject: str) -> bytes:
+    """NOTIFY (version 2 sessions only)."""
+    return bytes((Op.NOTIFY, code)) + _string(subject)
 
 
 def encode_error(status: Status, reason: str) -> bytes:
@@ -416,6 +486,7 @@ def decode_server(data: bytes) -> ServerFrame:
             bool(flags & MESSAGE_SNAPSHOT),
             bool(flags & MESSAGE_RETAINED),
             bool(flags & MESSAGE_GUARANTEED),
+            bool(flags & MESSAGE_RECOVERED),
         )
     if op == Op.CONNECTED:
         version = r.varint("version")
@@ -435,6 +506,15 @@ def decode_server(data: bytes) -> ServerFrame:
         reason = r.string("reason")
         r.end()
         return PublishStatus(status, closure, reason)
+    if op == Op.NOTIFY:
+        code = r.byte("code")
+        try:
+            notify_code = NotifyCode(code)
+        except ValueError:
+            raise DecodeError(f"unknown notify code {code}") from None
+        subject = r.string("subject")
+        r.end()
+        return Notify(notify_code, subject)
     if op == Op.ERROR:
         status = _status(r.varint("status"))
         reason = r.string("reason")

@@ -93,7 +93,9 @@ def test_a_killed_coordinator_hands_its_groups_over_and_numbering_continues() ->
     net.run()
     for index in (0, 1):
         delivered = net.workers[index].delivered[subject]
-        assert [c for _, _, c in delivered] == [f"a{n}".encode() for n in range(5)] + [f"b{n}".encode() for n in range(5)]
+        assert [c for _, _, c in delivered] == [f"a{n}".encode() for n in range(5)] + [
+            f"b{n}".encode() for n in range(5)
+        ]
         assert [s for _, s, _ in delivered] == list(range(1, 11))
         assert delivered[5][0] > delivered[4][0]  # a new epoch after the failover
 
@@ -209,7 +211,9 @@ def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, partit
         subject = rng.choice(subjects)
         publisher = rng.choice([i for i in net.members if i != victim] or [0])
         pid = f"{subject}#{n}"
-        outstanding.append((publisher, subject, f"{n}".encode(), pid, net.publish(publisher, subject, f"{n}".encode(), pid)))
+        outstanding.append(
+            (publisher, subject, f"{n}".encode(), pid, net.publish(publisher, subject, f"{n}".encode(), pid))
+        )
         if n == 25:
             if partition:
                 net.partition(victim)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from migratory.message import Message, SnapshotStore, merge_fields
+from migratory.message import merge_fields
+from migratory.replica import Entry, Replica
 
 IBM = "/Stocks/NYSE/IBM"
 
@@ -16,26 +17,26 @@ SEED_SNAPSHOTS = [
 
 
 def test_seed_snapshot_table() -> None:
-    store = SnapshotStore(epoch=7)
+    replica = Replica()
     for (content, fields), (want_content, want_fields) in SEED_SNAPSHOTS:
-        message = Message(IBM, content, fields)
-        store.apply(message, store.next_seq(IBM))
-        snapshot = store.get(IBM)
+        replica.apply(IBM, Entry(7, replica.next_seq(IBM), content, fields))
+        snapshot = replica.get(IBM)
         assert snapshot is not None
         assert snapshot.content == want_content
         assert dict(snapshot.fields) == want_fields
         assert snapshot.epoch == 7
-    assert store.get(IBM) is not None and store.get(IBM).seq == 4  # type: ignore[union-attr]
+    snapshot = replica.get(IBM)
+    assert snapshot is not None and snapshot.seq == 4
 
 
 def test_non_retained_message_does_not_change_snapshot_but_takes_a_seq() -> None:
-    store = SnapshotStore(epoch=1)
-    store.apply(Message("/a/b", b"1"), store.next_seq("/a/b"))
-    seq = store.next_seq("/a/b")
-    assert store.apply(Message("/a/b", b"2", retained=False), seq) is None
-    snap = store.get("/a/b")
+    replica = Replica()
+    replica.apply("/a/b", Entry(1, replica.next_seq("/a/b"), b"1"))
+    seq = replica.next_seq("/a/b")
+    replica.apply("/a/b", Entry(1, seq, b"2", retained=False))
+    snap = replica.get("/a/b")
     assert snap is not None and snap.content == b"1" and snap.seq == 1
-    assert seq == 2
+    assert seq == 2 and replica.position("/a/b") == (1, 2)
 
 
 def test_merge_fields_latest_wins() -> None:
@@ -43,4 +44,4 @@ def test_merge_fields_latest_wins() -> None:
 
 
 def test_subject_without_snapshot() -> None:
-    assert SnapshotStore(1).get("/x/y") is None
+    assert Replica().get("/x/y") is None

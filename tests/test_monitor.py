@@ -88,4 +88,4 @@ def test_username_without_password_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError) as info:
         Config.from_text("MonitorHTTP.Username = ops\n", "m.conf")
-    assert info.value.errors[0].startswith("m.conf:0: MonitorHTTP.Password:")
+    assert info.value.errors[0].startswith("m.conf:1: MonitorHTTP.Password:")  # the line of the key that was set

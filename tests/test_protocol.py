@@ -46,7 +46,8 @@ def test_delivery_round_trip(
 
 
 def test_status_frames_round_trip() -> None:
-    assert p.decode_server(p.encode_connected("1-2", 3)) == p.Connected(1, "1-2", 3)
+    assert p.decode_server(p.encode_connected("1-2", 3)) == p.Connected(2, "1-2", 3)
+    assert p.decode_server(p.encode_connected("1-2", 3, version=1)) == p.Connected(1, "1-2", 3)
     assert p.decode_server(p.encode_subscribe_status(p.Status.DENIED, "/a/b", "no")) == p.SubscribeStatus(
         p.Status.DENIED, "/a/b", "no"
     )
@@ -54,7 +55,29 @@ def test_status_frames_round_trip() -> None:
         p.Status.NO_SUBSCRIBER, "c1", ""
     )
     assert p.decode_server(p.encode_error(p.Status.TOO_LARGE, "big")) == p.ErrorNotice(p.Status.TOO_LARGE, "big")
-    assert p.decode_client(p.encode_connect("tok")) == p.Connect(1, "tok")
+    assert p.decode_client(p.encode_connect("tok")) == p.Connect(2, "tok")
+    assert p.decode_server(p.encode_notify(p.NotifyCode.DATA_RESYNC, "/a/b")) == p.Notify(
+        p.NotifyCode.DATA_RESYNC, "/a/b"
+    )
+
+
+@given(
+    st.lists(st.tuples(texts, st.integers(0, 2**40), st.integers(0, 2**40)), min_size=1, max_size=5),
+    st.integers(0, 10**6),
+)
+def test_subscribe_with_recovery_positions_round_trip(items: list[tuple[str, int, int]], conflation: int) -> None:
+    subjects = [s for s, _, _ in items]
+    positions = [(e, q) for _, e, q in items]
+    frame = p.decode_client(p.encode_subscribe(subjects, conflation, positions))
+    assert frame == p.Subscribe(tuple(subjects), conflation, tuple(positions))
+
+
+@given(texts, texts, st.binary(max_size=50))
+def test_publish_id_and_recovered_flag_round_trip(subject: str, publish_id: str, content: bytes) -> None:
+    frame = p.decode_client(p.encode_publish(subject, content, {}, "c", True, True, publish_id))
+    assert frame == p.Publish(subject, content, {}, "c", True, True, publish_id)
+    delivery = p.decode_server(p.encode_delivery(subject, content, {}, 5, 6, recovered=True))
+    assert isinstance(delivery, p.Delivery) and delivery.recovered and not delivery.snapshot
 
 
 def test_wire_overhead_is_small_and_constant() -> None:
@@ -76,6 +99,7 @@ def test_wire_overhead_is_small_and_constant() -> None:
         (b"\x04\x00\x05ab", "truncated"),
         (b"\x02\x00\x00\x00", "no subject"),
         (b"\x02\x09\x00\x01\x01a", "unknown subscribe flags"),
+        (b"\x02\x01\x00\x01\x01a\x01", "truncated"),
         (b"\x04\x80\x00\x01a\x00", "unknown publish flags"),
         (b"\x04\x01\x00\x02\xff\xfe\x00", "not valid UTF-8"),
         (b"\x01\x01\x00extra", "trailing"),

@@ -1,10 +1,11 @@
 """Run the server: bind listeners, start the worker processes, serve, shut down cleanly.
 
-With one worker the server is a single process. With more, this process is a
-supervisor in the manner of nginx and gunicorn: it binds every listener once
-(``SO_REUSEPORT``, one socket per worker so the kernel spreads connections), forks
-the workers, restarts any worker that dies, forwards SIGTERM/SIGINT (clean
-shutdown) and SIGHUP, and never touches client traffic itself.
+With one worker and no cluster the server is a single process. Otherwise this
+process is a supervisor in the manner of nginx and gunicorn: it binds every listener
+once (``SO_REUSEPORT``, one socket per worker so the kernel spreads connections),
+forks the workers (and, in a cluster, the member agent, migratory/server/agent.py),
+restarts any child that dies, forwards SIGTERM/SIGINT (clean shutdown) and SIGHUP,
+and never touches client traffic itself.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from migratory.certs import CertError
 from migratory.config import Config, Endpoint
 from migratory.logs import JsonLineHandler, JsonLineWriter
 from migratory.privileges import PrivilegeError, drop_privileges
+from migratory.server.agent import serve_agent
 from migratory.server.bus import Bus
 from migratory.server.connection import Connection
 from migratory.server.engine import Engine
@@ -126,6 +128,7 @@ async def serve(
     counters: SharedCounters | None = None,
     incarnation: int = 0,
     tls: ssl.SSLContext | None = None,
+    secret: bytes = b"",
 ) -> None:
     """Serve on already-bound sockets until ``stop`` is set (one worker's life)."""
     loop = asyncio.get_running_loop()
@@ -137,8 +140,13 @@ async def serve(
     if config.message_log:
         message = JsonLineWriter(config.log_folder, "message.log", config.log_max_file_size, config.log_max_files)
     engine = Engine(config, epoch, loop, access, message, worker=worker, workers=workers, incarnation=incarnation)
-    if workers > 1:
-        engine.bus = Bus(worker, workers, namespace, engine.on_bus_frame, engine.on_link_up)
+    if config.clustered:  # a star around the member agent, which coordinates every subject
+        engine.bus = Bus(
+            worker, [workers], namespace, secret, engine.on_bus_frame, engine.on_link_up, engine.on_link_down
+        )
+        await engine.bus.start()
+    elif workers > 1:
+        engine.bus = Bus(worker, range(workers), namespace, secret, engine.on_bus_frame, engine.on_link_up)
         await engine.bus.start()
         # accept clients only once every peer is linked, so none of their broadcasts is missed
         ready = asyncio.ensure_future(engine.bus.wait_ready(10.0))
@@ -236,6 +244,18 @@ def raise_open_files_limit() -> int:
     return int(soft)
 
 
+def _agent_main(config: Config, **kwargs: object) -> None:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: the member agent has nothing to reload")
+        await serve_agent(config, stop, **kwargs)  # type: ignore[arg-type]
+
+    _run_loop(main)
+
+
 def run(config: Config, config_path: str = "") -> int:
     """Foreground entry point of ``migratory serve``; returns the exit code."""
     try:
@@ -258,12 +278,17 @@ def run(config: Config, config_path: str = "") -> int:
         + [(e, "wss") for e in config.listen_encrypted]
         + [(e, "monitor") for e in config.monitor_listen]
     )
+    member_sock: socket.socket | None = None
     try:
         for endpoint, scheme in schemes:
             for index in range(workers):
                 per_worker[index].append((endpoint, bind_socket(endpoint, reuse_port=workers > 1), scheme))
+        if config.cluster_member_listen is not None:
+            endpoint = config.cluster_member_listen
+            member_sock = bind_socket(endpoint)
     except OSError as exc:
         log.error("cannot listen on %s: %s", endpoint, exc.strerror or exc)
+        print(f"{config_path}: cannot listen on {endpoint}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     files = raise_open_files_limit()
     if config.run_as_user:
@@ -285,11 +310,11 @@ def run(config: Config, config_path: str = "") -> int:
         files,
         os.getpid(),
     )
-    if workers == 1:
+    if workers == 1 and not config.clustered:
         _worker_main(config, per_worker[0], epoch=epoch, tls=tls)
         log.info("server stopped")
         return 0
-    return _supervise(config, per_worker, epoch, tls)
+    return _supervise(config, per_worker, epoch, tls, member_sock)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -304,10 +329,18 @@ def _die_with_parent(parent: int) -> None:
 PR_SET_PDEATHSIG = 1
 
 
-def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int, tls: ssl.SSLContext | None) -> int:
+def _supervise(
+    config: Config,
+    per_worker: list[list[Listener]],
+    epoch: int,
+    tls: ssl.SSLContext | None,
+    member_sock: socket.socket | None = None,
+) -> int:
     workers = len(per_worker)
     namespace = f"{os.getpid()}-{secrets.token_hex(4)}"
+    secret = secrets.token_bytes(32)  # proves, on the bus, that a process was forked by this supervisor
     counters = SharedCounters(workers)
+    children_count = workers + (1 if config.clustered else 0)
     children: dict[int, int] = {}
     stopping = False
     started: dict[int, float] = {}
@@ -333,19 +366,33 @@ def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int, tls
                     if other != index:
                         for _, sock, _ in listeners:
                             sock.close()
-                _worker_main(
-                    config,
-                    per_worker[index],
-                    epoch=epoch,
-                    worker=index,
-                    workers=workers,
-                    namespace=namespace,
-                    counters=counters,
-                    tls=tls,
-                    incarnation=incarnation,
-                )
+                if index == workers:
+                    _agent_main(
+                        config,
+                        workers=workers,
+                        namespace=namespace,
+                        secret=secret,
+                        epoch=epoch + incarnation,
+                        counters=counters,
+                        sock=member_sock,
+                    )
+                else:
+                    if member_sock is not None:
+                        member_sock.close()
+                    _worker_main(
+                        config,
+                        per_worker[index],
+                        epoch=epoch,
+                        worker=index,
+                        workers=workers,
+                        namespace=namespace,
+                        counters=counters,
+                        tls=tls,
+                        incarnation=incarnation,
+                        secret=secret,
+                    )
             except BaseException:
-                log.exception("worker %d failed", index)
+                log.exception("%s failed", f"worker {index}" if index < workers else "member agent")
                 code = 1
             finally:
                 logging.shutdown()
@@ -364,8 +411,8 @@ def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int, tls
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    incarnations = [0] * workers
-    for index in range(workers):
+    incarnations = [0] * children_count
+    for index in range(children_count):
         spawn(index, 0)
     while children:
         try:
@@ -380,7 +427,8 @@ def _supervise(config: Config, per_worker: list[list[Listener]], epoch: int, tls
             if os.WIFSIGNALED(status)
             else f"code {os.waitstatus_to_exitcode(status)}"
         )
-        log.warning("worker %d (pid %d) died with %s; restarting it", index, pid, how)
+        role = f"worker {index}" if index < workers else "member agent"
+        log.warning("%s (pid %d) died with %s; restarting it", role, pid, how)
         if time.monotonic() - started.get(index, 0.0) < 1.0:
             time.sleep(1.0)  # do not spin on a worker that dies at start
         incarnations[index] += 1

@@ -1,54 +1,109 @@
-"""Unix-socket links between the worker processes of one node (see migratory/bus.py).
+"""Unix-socket links between the processes of one node (see migratory/bus.py).
 
-Each worker listens on the abstract Unix socket ``@migratory-<node>-w<N>`` (Linux's
-abstract namespace: nothing on disk to clean up, even after a SIGKILL) and opens
-one outbound link to every
-other worker; a link carries frames one way (outbound = what this worker sends).
+Each process listens on the abstract Unix socket ``@migratory-<node>-w<N>`` (Linux's
+abstract namespace: nothing on disk to clean up, even after a SIGKILL) and opens one
+outbound link to each of its peers; a link carries frames one way (outbound = what
+this process sends). Without a cluster every worker is a peer of every other; in a
+cluster member the workers and the member agent form a star around the agent.
+
+Only the node's own processes may speak on the bus. Abstract sockets can be reached
+by any local user, so both ends check the other with ``SO_PEERCRED`` (same uid as
+this server) and the first frame must carry a proof of the secret the supervisor
+generated before forking (an HMAC over the node's namespace and the sender's
+index). Anything else is logged and cut off before a single frame is acted upon.
+
 Writes are coalesced once per loop turn. While a peer is down (being restarted by
-the supervisor), forwarded publications wait in a bounded queue and everything
-else is dropped: when the link comes back up the peer first receives a full state
-sync (sequence numbers, snapshots, subscriber counts), so it misses nothing that
-matters.
+the supervisor), forwarded publications wait in a bounded queue and everything else
+is dropped: when the link comes back up the peer first receives a full state sync.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
+import os
 import socket
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Iterable
 from typing import cast
 
 from migratory import bus as b
 
-__all__ = ["Bus"]
+__all__ = ["Bus", "peer_uid", "proof"]
 
 log = logging.getLogger("migratory.server")
 
 MAX_QUEUED_FORWARDS = 100_000
+_CRED = struct.Struct("3i")
+
+
+def proof(secret: bytes, namespace: str, index: int) -> bytes:
+    """What process ``index`` of this node presents in its Hello."""
+    return hmac.new(secret, f"{namespace}/{index}".encode(), hashlib.sha256).digest()
+
+
+def peer_uid(sock: socket.socket | None) -> int | None:
+    """The uid of the process at the other end of a Unix socket (None if unknown)."""
+    if sock is None:
+        return None
+    try:
+        _pid, uid, _gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    except OSError:
+        return None
+    return int(uid)
 
 
 class _Inbound(asyncio.Protocol):
-    """Receiving side of a peer's outbound link."""
+    """Receiving side of a peer's outbound link: authenticated before anything is acted upon."""
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
-        self.decoder = b.BusDecoder()
+        self.decoder = b.BusDecoder(max_frame=4096)  # a stranger may not make us buffer much
         self.peer = -1
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        uid = peer_uid(transport.get_extra_info("socket"))
+        if uid != os.getuid():
+            self._refuse(f"a process of uid {uid} connected to the bus (this server runs as uid {os.getuid()})")
+
+    def _refuse(self, why: str) -> None:
+        self.bus.refused += 1
+        log.error("bus: refused %s", why)
+        if self.transport is not None:
+            self.transport.abort()
+            self.transport = None
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            return
         try:
             frames = self.decoder.feed(data)
-        except (b.BusError, UnicodeDecodeError) as exc:
-            log.error("corrupt bus frame from worker %d: %s", self.peer, exc)
+        except b.BusError as exc:
+            if self.peer < 0:
+                self._refuse(f"a peer that did not say Hello properly: {exc}")
+            else:
+                log.error("corrupt bus frame from process %d: %s", self.peer, exc)
+                self.transport.abort()
             return
         for frame in frames:
-            if isinstance(frame, b.Hello):
+            if self.peer < 0:
+                if not isinstance(frame, b.Hello) or not self.bus.known(frame):
+                    self._refuse("a peer without the node's secret")
+                    return
                 self.peer = frame.worker
+                self.decoder.max_frame = b.MAX_BUS_FRAME
                 self.bus.inbound_up(frame.worker)
             else:
                 self.bus.on_frame(frame, self.peer)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer >= 0:
+            self.bus.inbound_down(self.peer)
 
 
 class _Outbound(asyncio.Protocol):
@@ -60,6 +115,9 @@ class _Outbound(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # outbound links carry nothing back
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.lost.done():
@@ -78,22 +136,26 @@ class _Peer:
 
 
 class Bus:
-    """This worker's links to its peers."""
+    """This process's links to its peers on the node."""
 
     def __init__(
         self,
         worker: int,
-        workers: int,
+        peers: Iterable[int],
         namespace: str,
+        secret: bytes,
         on_frame: Callable[[b.BusFrame, int], None],
         on_link_up: Callable[[int], None],
+        on_link_down: Callable[[int], None] | None = None,
     ) -> None:
         self.worker = worker
-        self.workers = workers
         self.namespace = namespace
+        self.secret = secret
         self.on_frame = on_frame
         self.on_link_up = on_link_up
-        self.peers = {j: _Peer(j) for j in range(workers) if j != worker}
+        self.on_link_down = on_link_down
+        self.peers = {j: _Peer(j) for j in peers if j != worker}
+        self.refused = 0
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_armed = False
@@ -102,9 +164,19 @@ class Bus:
         self._inbound: set[int] = set()
         self._ready = asyncio.Event()
 
+    def known(self, hello: b.Hello) -> bool:
+        """A Hello from one of our peers, proving the node's secret."""
+        expected = proof(self.secret, self.namespace, hello.worker)
+        return hello.worker in self.peers and hmac.compare_digest(hello.proof, expected)
+
     def inbound_up(self, worker: int) -> None:
         self._inbound.add(worker)
         self._check_ready()
+
+    def inbound_down(self, worker: int) -> None:
+        self._inbound.discard(worker)
+        if self.on_link_down is not None and not self._closed:
+            self.on_link_down(worker)
 
     def _check_ready(self) -> None:
         if len(self._inbound) == len(self.peers) and all(p.up for p in self.peers.values()):
@@ -148,6 +220,12 @@ class Bus:
             try:
                 sock.setblocking(False)
                 await loop.sock_connect(sock, self.path(peer.index))
+                uid = peer_uid(sock)
+                if uid != os.getuid():
+                    # someone else holds our peer's name (it is being restarted): never send it our secret
+                    log.error("bus: %s is held by a process of uid %s; not linking", self.path(peer.index)[1:], uid)
+                    self.refused += 1
+                    raise ConnectionRefusedError
                 _, writer = await loop.create_unix_connection(_Outbound, sock=sock)
             except OSError:
                 sock.close()
@@ -155,19 +233,19 @@ class Bus:
                 continue
             peer.writer = writer
             peer.up = True
-            self._write(peer, b.encode(b.Hello(self.worker)))
+            self._write(peer, b.encode(b.Hello(self.worker, proof(self.secret, self.namespace, self.worker))))
             self.on_link_up(peer.index)  # full state first ...
             queued, peer.queued = peer.queued, []
             for frame in queued:  # ... then the publications that waited for this peer
                 self._write(peer, frame)
-            log.info("bus link to worker %d up", peer.index)
+            log.info("bus link to process %d up", peer.index)
             self._check_ready()
             await writer.lost
             peer.up = False
             peer.writer = None
             peer.pending.clear()
             if not self._closed:
-                log.warning("bus link to worker %d lost", peer.index)
+                log.warning("bus link to process %d lost", peer.index)
 
     def _write(self, peer: _Peer, frame: bytes) -> None:
         if not peer.pending:
@@ -185,10 +263,16 @@ class Bus:
                 peer.writer.transport.write(b"".join(peer.pending))
             peer.pending.clear()
 
+    def is_up(self, worker: int) -> bool:
+        peer = self.peers.get(worker)
+        return peer is not None and peer.up
+
     def send(self, worker: int, frame: b.BusFrame, *, queue_if_down: bool = False) -> bool:
         """Send to one peer; returns False when it is down and the frame was not kept."""
+        return self.send_raw(worker, b.encode(frame), queue_if_down=queue_if_down)
+
+    def send_raw(self, worker: int, data: bytes, *, queue_if_down: bool = False) -> bool:
         peer = self.peers[worker]
-        data = b.encode(frame)
         if peer.up:
             self._write(peer, data)
             return True
@@ -198,7 +282,9 @@ class Bus:
         return False
 
     def broadcast(self, frame: b.BusFrame) -> None:
-        data = b.encode(frame)
+        self.broadcast_raw(b.encode(frame))
+
+    def broadcast_raw(self, data: bytes) -> None:
         for peer in self.peers.values():
             if peer.up:
                 self._write(peer, data)

@@ -85,6 +85,7 @@ class Connection(asyncio.Protocol):
         "token",
         "token_expiry",
         "transport",
+        "version",
         "wheel_at",
     )
 
@@ -118,6 +119,7 @@ class Connection(asyncio.Protocol):
         self.bytes_in = 0
         self.bytes_out = 0
         self.wheel_at = 0  # the engine's timer-wheel slot holding this connection (0: none)
+        self.version = 1  # the native protocol version the client spoke in CONNECT
 
     # --- identity ---------------------------------------------------------------------
 
@@ -463,6 +465,9 @@ class Connection(asyncio.Protocol):
         if request.method != "GET":
             self._http_error(405, "WebSocket upgrade requires GET")
             return
+        if not self.engine.ready:
+            self._http_error(503, "this cluster member is synchronising; try another member", reason_code="not_ready")
+            return
         if request.headers.get("sec-websocket-version") != "13":
             self.engine.deny(self.origin(), "http", "bad_request", "unsupported Sec-WebSocket-Version")
             self.send(
@@ -589,6 +594,7 @@ class Connection(asyncio.Protocol):
                     msg.retained,
                     QoS.GUARANTEED if msg.guaranteed else QoS.STANDARD,
                     msg.closure,
+                    msg.publish_id,
                 ),
                 self.origin(),
                 reply,
@@ -597,11 +603,19 @@ class Connection(asyncio.Protocol):
         elif isinstance(msg, p.Subscribe):
             if not self.session_ready():
                 return
+            if msg.positions and self.version < 2:
+                self._ws_fail(
+                    CLOSE_POLICY_VIOLATION,
+                    "SUBSCRIBE with positions needs protocol version 2",
+                    "protocol_error",
+                    "malformed",
+                )
+                return
             if engine.async_entitlement:
                 engine.in_order(self.session, self._subscribe_after_decisions(msg))
             else:
-                for subject in msg.subjects:
-                    self._subscribe_one(subject, msg.conflation_ms)
+                for i, subject in enumerate(msg.subjects):
+                    self._subscribe_one(subject, msg.conflation_ms, position=_position(msg, i))
         elif isinstance(msg, p.Unsubscribe):
             if not self.session_ready():
                 return
@@ -611,10 +625,11 @@ class Connection(asyncio.Protocol):
                 for subject in msg.subjects:
                     engine.unsubscribe(self, subject)
         elif isinstance(msg, p.Connect):
-            if msg.version != p.PROTOCOL_VERSION:
+            if msg.version not in p.SUPPORTED_VERSIONS:
+                spoken = " and ".join(str(v) for v in p.SUPPORTED_VERSIONS)
                 self._ws_fail(
                     CLOSE_POLICY_VIOLATION,
-                    f"protocol version {msg.version} not supported (this server speaks {p.PROTOCOL_VERSION})",
+                    f"protocol version {msg.version} not supported (this server speaks {spoken})",
                     "protocol_error",
                     "malformed",
                 )
@@ -622,27 +637,33 @@ class Connection(asyncio.Protocol):
             if msg.token:
                 self._set_token(msg.token)
             self.hello = True
-            self.send(build_frame(OP_BINARY, p.encode_connected(self.session, engine.epoch)))
+            self.version = msg.version
+            self.send(build_frame(OP_BINARY, p.encode_connected(self.session, engine.epoch, msg.version)))
 
-    def _subscribe_one(self, subject: str, conflation_ms: int, decided: Decision | bool = False) -> None:
+    def _subscribe_one(
+        self,
+        subject: str,
+        conflation_ms: int,
+        decided: Decision | bool = False,
+        position: tuple[int, int] | None = None,
+    ) -> None:
         status, reason = self.engine.subscribe(self, subject, conflation_ms, decided)
         self.send(build_frame(OP_BINARY, p.encode_subscribe_status(status, subject, reason)))
         if status == p.Status.OK:
-            frame = self.engine.snapshot_frame(subject)
-            if frame is not None:
+            for frame in self.engine.initial_frames(self.version, subject, position):
                 self.send(frame)
 
     async def _subscribe_after_decisions(self, msg: p.Subscribe) -> None:
         """Asynchronous custom entitlement: await each decision, in order, then subscribe."""
         engine = self.engine
-        for subject in msg.subjects:
+        for i, subject in enumerate(msg.subjects):
             if not self.open:
                 return
             decided: Decision | bool = False
             if engine.check_subject(subject) is None:
                 decided = await engine.custom_decision("authorize_subscribe", self.origin(), subject)
             if self.open:
-                self._subscribe_one(subject, msg.conflation_ms, decided)
+                self._subscribe_one(subject, msg.conflation_ms, decided, _position(msg, i))
 
     async def _unsubscribe_in_order(self, subjects: tuple[str, ...]) -> None:
         for subject in subjects:
@@ -662,3 +683,11 @@ class Connection(asyncio.Protocol):
         self.send(build_close(CLOSE_POLICY_VIOLATION, "CONNECT must be the first message"))
         self.close("protocol_error")
         return False
+
+
+def _position(msg: p.Subscribe, i: int) -> tuple[int, int] | None:
+    """The recovery position a version 2 client sent for its i-th subject (None: it saw nothing)."""
+    if not msg.positions:
+        return None
+    position = msg.positions[i]
+    return position if position != (0, 0) else None

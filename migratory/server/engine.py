@@ -1,12 +1,18 @@
 """The node's publish/subscribe engine: snapshots, subscriptions, fan-out, timers.
 
 One published message goes: connection decodes PUBLISH -> :meth:`Engine.publish`
-checks it and gives it a sequence number and folds it into the snapshot
-(:meth:`Engine.accept`) -> :meth:`Engine.deliver` encodes the WebSocket frame once
-and queues the same bytes object on every subscriber -> once per event-loop turn
-(or per ``BatchingTime``) each dirty connection writes everything pending with one
-syscall. Conflated subscribers get per-period aggregates instead, encoded once per
-subject and period.
+checks it -> the subject's coordinator numbers it (this worker, another worker of
+the node over the bus, or, in a cluster, the member agent, which hands it to the
+coordinating member) and every replica applies it (migratory/replica.py) ->
+:meth:`Engine.deliver` encodes the WebSocket frame once and queues the same bytes
+object on every subscriber -> once per event-loop turn (or per ``BatchingTime``)
+each dirty connection writes everything pending with one syscall. Conflated
+subscribers get per-period aggregates instead, encoded once per subject and period.
+
+A client that resubscribes with the position of the last message it saw (protocol
+version 2) gets what it missed from the replica's cache, or the snapshot flagged as
+a resync; subscribers of a subject whose history was replaced by a merge (a member
+that rejoined after a partition) get the same resync.
 
 Timers share two callbacks: a one-second housekeeping tick drives a coarse timer
 wheel (handshake deadlines, keepalive pings, dead-peer detection, log flushes), and
@@ -19,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import json
 import logging
 import os
 import random
@@ -28,13 +35,14 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from migratory.bus import BusFrame, Forward, ForwardStatus, Interest, Published, SyncSubject, owner
+from migratory.bus import BusFrame, ClusterInfo, Forward, ForwardStatus, Interest, Published, SyncSubject, owner
 from migratory.config import Config
 from migratory.conflation import ConflationBuffer, next_boundary, round_conflation
 from migratory.entitlement import AddressList, CustomEntitlement, Decision, Entitlement, build_entitlement
 from migratory.logs import JsonLineWriter
-from migratory.message import Message, QoS, Snapshot, SnapshotStore
-from migratory.protocol import Status, encode_delivery
+from migratory.message import Message, QoS
+from migratory.protocol import NotifyCode, Status, encode_delivery, encode_notify
+from migratory.replica import Applied, Entry, RecoveryKind, Replica
 from migratory.subjects import InvalidSubject, check_subject
 from migratory.subscriptions import (
     SubscriptionIndex,
@@ -74,11 +82,12 @@ class PublishResult:
     reason_code: str = ""
     recipients: int = 0
     seq: int = 0
+    epoch: int = 0
 
 
 Reply = Callable[["PublishResult"], None]
 CUSTOM_ENTITLEMENT_TIMEOUT = 5.0
-FORWARD_TIMEOUT = 10.0
+FORWARD_TIMEOUT = 8.0  # the member agent answers within 6 s, the client library waits 10 s
 
 
 def _origin_fields(origin: Origin) -> dict[str, str]:
@@ -86,10 +95,10 @@ def _origin_fields(origin: Origin) -> dict[str, str]:
     return {"addr": origin.addr, "port": str(origin.port), "session": origin.session, "protocol": origin.protocol}
 
 
-def _bus_message(frame: Published | Forward) -> Message:
-    """The message carried by a bus frame."""
+def _bus_message(frame: Forward) -> Message:
+    """The message carried by a forwarded publication."""
     qos = QoS.GUARANTEED if frame.guaranteed else QoS.STANDARD
-    return Message(frame.subject, frame.content, frame.fields, frame.retained, qos)
+    return Message(frame.subject, frame.content, frame.fields, frame.retained, qos, publish_id=frame.publish_id)
 
 
 class Authorizer(Protocol):
@@ -130,6 +139,8 @@ class Stats:
     slow_consumers_disconnected: int = 0
     messages_dropped: int = 0
     denied: int = 0
+    messages_recovered: int = 0
+    resyncs: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -158,7 +169,15 @@ class Engine:
         self._forward_ids = 0
         self.loop = loop
         self.epoch = epoch
-        self.store = SnapshotStore(epoch)
+        self.cluster = config.clustered
+        self.agent = workers  # the member agent's index on the bus, in a cluster
+        self.ready = not self.cluster  # a member serves once its agent has synchronised with the cluster
+        self.cluster_info: dict[str, Any] = {}
+        guaranteed = config.cluster_delivery_mode.value == "Guaranteed" and self.cluster
+        self.replica = Replica(
+            config.max_cached_messages_per_subject if guaranteed else 0, float(config.cache_expire_time)
+        )
+        self._partial: dict[tuple[int, str], list[Entry]] = {}
         self.index: SubscriptionIndex[Connection] = SubscriptionIndex()
         self.connections: set[Connection] = set()
         self.stats = Stats()
@@ -319,6 +338,7 @@ class Engine:
                 writer.flush()
         if self._forwards:
             self._expire_forwards(now)
+        self.replica.expire(now)
         for callback in self.on_tick:
             callback()
         if not self._closed:
@@ -369,7 +389,7 @@ class Engine:
         """The encoded SNAPSHOT frame of ``subject`` (cached per sequence number)."""
         if not self.config.publish_snapshot_message:
             return None
-        snapshot = self.store.get(subject)
+        snapshot = self.replica.get(subject)
         if snapshot is None:
             return None
         cached = self._snapshot_frames.get(subject)
@@ -469,10 +489,20 @@ class Engine:
         task.add_done_callback(lambda done: self._chains.pop(key, None) if self._chains.get(key) is done else None)
 
     def _route(self, message: Message, origin: Origin, reply: Reply, start: int) -> None:
-        """Sequence here, or forward to the subject's coordinating worker."""
-        coordinator = owner(message.subject, self.workers)
-        if coordinator == self.worker or self.bus is None:
-            reply(self.sequence(message, _origin_fields(origin), start))
+        """Sequence here, or forward to the subject's coordinator (a worker, or the member agent)."""
+        if self.cluster:
+            coordinator = self.agent
+            if not message.publish_id:  # a retry inside the cluster must not number it twice
+                self._forward_ids += 1
+                message = dataclasses.replace(message, publish_id=f"{origin.session}/{self._forward_ids}")
+            reply = self._logged_reply(message, _origin_fields(origin), start, reply)
+        else:
+            coordinator = owner(message.subject, self.workers)
+            if coordinator == self.worker or self.bus is None:
+                reply(self.sequence(message, _origin_fields(origin), start))
+                return
+        if self.bus is None:
+            reply(PublishResult(Status.FAILED, "no coordinator"))
             return
         self._forward_ids += 1
         request = self._forward_ids
@@ -484,75 +514,86 @@ class Engine:
             message.retained,
             message.qos == QoS.GUARANTEED,
             _origin_fields(origin),
+            message.publish_id,
         )
-        if not self.bus.send(coordinator, frame, queue_if_down=True):
-            reply(PublishResult(Status.FAILED, "the coordinating worker is unavailable"))
+        if not self.bus.send(coordinator, frame, queue_if_down=not self.cluster):
+            reply(PublishResult(Status.FAILED, "the coordinator is unavailable"))
             return
         self._forwards[request] = (reply, self.loop.time() + FORWARD_TIMEOUT)
 
+    def _logged_reply(self, message: Message, origin: Mapping[str, str], start: int, reply: Reply) -> Reply:
+        """In a cluster the publishing worker logs the publication once the coordinator answered."""
+
+        def logged(result: PublishResult) -> None:
+            self._log_publish(message, origin, result, start, len(message.content) + len(message.subject) + 16)
+            reply(result)
+
+        return logged
+
     def sequence(self, message: Message, origin: Mapping[str, str], start: int) -> PublishResult:
-        """Coordinator: number, snapshot, deliver here, broadcast to the other workers, log."""
-        seq = self.accept(message)
-        recipients, frame_size = self.deliver(message, seq, self.epoch)
+        """Coordinating worker: number, snapshot, deliver here, broadcast to the other workers, log."""
+        subject = message.subject
+        entry = Entry(self.epoch, self.replica.next_seq(subject), message.content, message.fields, message.retained)
+        self.replica.apply(subject, entry)
+        guaranteed = message.qos == QoS.GUARANTEED
+        recipients, frame_size = self.deliver(subject, entry, guaranteed)
         if self.bus is not None:
-            published = Published(
-                message.subject,
-                message.content,
-                message.fields,
-                seq,
-                self.epoch,
-                message.retained,
-                message.qos == QoS.GUARANTEED,
-            )
-            self.bus.broadcast(published)
-            remote = self.peer_interest.get(message.subject)
+            self.bus.broadcast(Published.of(subject, entry, guaranteed))
+            remote = self.peer_interest.get(subject)
             if remote:
                 recipients += sum(remote.values())
         if recipients and not frame_size:
-            frame_size = len(message.content) + len(message.subject) + 16
+            frame_size = len(message.content) + len(subject) + 16
         status = Status.OK if recipients else Status.NO_SUBSCRIBER
-        if self.message_log is not None and (
-            self.config.message_log_sampling >= 1.0 or random.random() < self.config.message_log_sampling
-        ):
-            self.message_log.write(
-                {
-                    "event": "publish",
-                    "subject": message.subject,
-                    "size": len(message.content),
-                    "fields": len(message.fields),
-                    **origin,
-                    "port": int(origin.get("port", "0")),
-                    "qos": "guaranteed" if message.qos == QoS.GUARANTEED else "standard",
-                    "retained": message.retained,
-                    "status": status.name,
-                    "recipients": recipients,
-                    "bytes_out": recipients * frame_size,
-                    "latency_us": (time.perf_counter_ns() - start) // 1000,
-                    "seq": seq,
-                    "epoch": self.epoch,
-                    "sampling": self.config.message_log_sampling,
-                }
-            )
-        return PublishResult(status, "", "", recipients, seq)
+        result = PublishResult(status, "", "", recipients, entry.seq, entry.epoch)
+        self._log_publish(message, origin, result, start, frame_size)
+        return result
 
-    # --- the bus between workers ------------------------------------------------------
+    def _log_publish(
+        self, message: Message, origin: Mapping[str, str], result: PublishResult, start: int, frame_size: int
+    ) -> None:
+        if self.message_log is None or (
+            self.config.message_log_sampling < 1.0 and random.random() >= self.config.message_log_sampling
+        ):
+            return
+        self.message_log.write(
+            {
+                "event": "publish",
+                "subject": message.subject,
+                "size": len(message.content),
+                "fields": len(message.fields),
+                **origin,
+                "port": int(origin.get("port", "0")),
+                "qos": "guaranteed" if message.qos == QoS.GUARANTEED else "standard",
+                "retained": message.retained,
+                "status": result.status.name,
+                "recipients": result.recipients,
+                "bytes_out": result.recipients * frame_size,
+                "latency_us": (time.perf_counter_ns() - start) // 1000,
+                "seq": result.seq,
+                "epoch": result.epoch,
+                "sampling": self.config.message_log_sampling,
+            }
+        )
+
+    # --- the bus: other workers of the node, or the member agent ----------------------------
 
     def on_bus_frame(self, frame: BusFrame, peer: int) -> None:
         if isinstance(frame, Published):
-            message = _bus_message(frame)
-            self.store.observe(frame.subject, frame.seq)
-            self.store.apply(message, frame.seq)
-            self.deliver(message, frame.seq, frame.epoch)
+            entry = frame.entry()
+            if self.replica.apply(frame.subject, entry, self.loop.time()) is not Applied.DUPLICATE:
+                self.deliver(frame.subject, entry, frame.guaranteed)
         elif isinstance(frame, Forward):
-            message = _bus_message(frame)
-            result = self.sequence(message, frame.origin, time.perf_counter_ns())
+            result = self.sequence(_bus_message(frame), frame.origin, time.perf_counter_ns())
             if self.bus is not None:
-                status = ForwardStatus(frame.request, result.status, result.seq, result.reason)
+                status = ForwardStatus(frame.request, result.status, result.seq, result.reason, result.epoch)
                 self.bus.send(peer, status, queue_if_down=True)
         elif isinstance(frame, ForwardStatus):
             waiting = self._forwards.pop(frame.request, None)
             if waiting is not None:
-                waiting[0](PublishResult(Status(frame.status), frame.reason, "", 0, frame.seq))
+                waiting[0](
+                    PublishResult(Status(frame.status), frame.reason, "", frame.recipients, frame.seq, frame.epoch)
+                )
         elif isinstance(frame, Interest):
             counts = self.peer_interest.setdefault(frame.subject, {})
             if frame.count:
@@ -562,30 +603,38 @@ class Engine:
                 if not counts:
                     del self.peer_interest[frame.subject]
         elif isinstance(frame, SyncSubject):
-            snapshot = (
-                Snapshot(frame.subject, frame.content, dict(frame.fields), frame.snapshot_seq, self.epoch)
-                if frame.has_snapshot
-                else None
-            )
-            self.store.restore(frame.subject, frame.seq, snapshot)
+            self._merge(frame)
+        elif isinstance(frame, ClusterInfo):
+            self.ready = frame.ready
+            try:
+                self.cluster_info = dict(json.loads(frame.document))
+            except (ValueError, TypeError):
+                self.cluster_info = {}
+
+    def _merge(self, frame: SyncSubject) -> None:
+        """Another replica's state of a subject: deliver what we missed, or resync our subscribers."""
+        state = frame.state
+        key = (-1, state.subject)
+        if frame.more:
+            self._partial.setdefault(key, []).extend(state.entries)
+            return
+        earlier = self._partial.pop(key, None)
+        if earlier:
+            state = dataclasses.replace(state, entries=(*earlier, *state.entries))
+        merged = self.replica.merge(state, self.loop.time())
+        for entry in merged.new:
+            self.deliver(state.subject, entry, False)
+        if merged.resync:
+            self.resync(state.subject)
 
     def on_link_up(self, peer: int) -> None:
         """A (re)started peer: send it our whole state before anything else."""
         if self.bus is None:
             return
-        for subject in self.store.sequenced_subjects():
-            snapshot = self.store.get(subject)
-            self.bus.send(
-                peer,
-                SyncSubject(
-                    subject,
-                    self.store.last_seq(subject),
-                    snapshot is not None,
-                    snapshot.content if snapshot is not None else b"",
-                    snapshot.fields if snapshot is not None else {},
-                    snapshot.seq if snapshot is not None else 0,
-                ),
-            )
+        for subject in self.replica.subjects():
+            state = self.replica.sync(subject)
+            if state is not None:
+                self.bus.send(peer, SyncSubject(state))
         for subject in self.index.subjects():
             self.bus.send(peer, Interest(subject, self.index.count(subject)))
         # a peer that restarted lost its subscribers: forget what it had told us
@@ -593,6 +642,10 @@ class Engine:
             counts.pop(peer, None)
         for subject in [s for s, c in self.peer_interest.items() if not c]:
             del self.peer_interest[subject]
+
+    def on_link_down(self, peer: int) -> None:
+        if self.cluster and peer == self.agent:
+            self.ready = False  # no cluster behind us until the agent is back and synchronised
 
     def _interest_changed(self, subject: str) -> None:
         if self.bus is not None:
@@ -602,49 +655,79 @@ class Engine:
         for request, (reply, deadline) in list(self._forwards.items()):
             if deadline <= now:
                 del self._forwards[request]
-                reply(PublishResult(Status.FAILED, "no answer from the coordinating worker"))
+                reply(PublishResult(Status.FAILED, "no answer from the coordinator"))
 
-    def accept(self, message: Message) -> int:
-        """Coordinator step: give the message its sequence number and fold it into the snapshot."""
-        seq = self.store.next_seq(message.subject)
-        self.store.apply(message, seq)
-        return seq
+    # --- fan-out ----------------------------------------------------------------------
 
-    def deliver(self, message: Message, seq: int, epoch: int) -> tuple[int, int]:
+    def deliver(self, subject: str, entry: Entry, guaranteed: bool) -> tuple[int, int]:
         """Queue one message for every local subscriber; return (recipients, frame size)."""
-        entry = self.index.get(message.subject)
-        if entry is None:
+        index = self.index.get(subject)
+        if index is None:
             return 0, 0
         recipients = 0
         frame_size = 0
-        if entry.plain:
+        if index.plain:
             frame = build_frame(
                 OP_BINARY,
                 encode_delivery(
-                    message.subject,
-                    message.content,
-                    message.fields,
-                    seq,
-                    epoch,
-                    retained=message.retained,
-                    guaranteed=message.qos == QoS.GUARANTEED,
+                    subject,
+                    entry.content,
+                    entry.fields,
+                    entry.seq,
+                    entry.epoch,
+                    retained=entry.retained,
+                    guaranteed=guaranteed,
                 ),
             )
-            for conn in entry.plain:
+            for conn in index.plain:
                 conn.send(frame)  # kept a method call: the queueing rules live in one place
-            recipients = len(entry.plain)
+            recipients = len(index.plain)
             frame_size = len(frame)
             self.stats.bytes_out += recipients * frame_size
-        for period, members in entry.conflated.items():
+        for period, members in index.conflated.items():
             buffer = self._conflation.get(period)
             if buffer is None:
                 buffer = self._conflation[period] = ConflationBuffer(period)
-            buffer.add(message.subject, message.content, message.fields, seq, epoch, message.retained)
+            buffer.add(subject, entry.content, entry.fields, entry.seq, entry.epoch, entry.retained)
             if period not in self._conflation_armed:
                 self._arm_conflation(period)
             recipients += len(members)
         self.stats.messages_out += recipients
         return recipients, frame_size
+
+    def resync(self, subject: str) -> None:
+        """The subject's history was replaced: its subscribers get the snapshot, flagged as a resync."""
+        index = self.index.get(subject)
+        if index is None:
+            return
+        self.stats.resyncs += 1
+        snapshot = self.snapshot_frame(subject)
+        notify = build_frame(OP_BINARY, encode_notify(NotifyCode.DATA_RESYNC, subject))
+        for conn in (*index.plain, *(c for members in index.conflated.values() for c in members)):
+            if conn.version >= 2:
+                conn.send(notify)
+            if snapshot is not None:
+                conn.send(snapshot)
+
+    def initial_frames(self, conn_version: int, subject: str, position: tuple[int, int] | None) -> list[bytes]:
+        """What a new subscription gets first: the snapshot, or (version 2, with a position) recovery."""
+        snapshot = self.snapshot_frame(subject)
+        if position is None:
+            return [snapshot] if snapshot is not None else []
+        recovery = self.replica.recover(subject, *position)
+        if recovery.kind is RecoveryKind.RESYNC:
+            frames = [build_frame(OP_BINARY, encode_notify(NotifyCode.DATA_RESYNC, subject))]
+            return frames + ([snapshot] if snapshot is not None and recovery.snapshot is not None else [])
+        frames = [
+            build_frame(
+                OP_BINARY,
+                encode_delivery(subject, e.content, e.fields, e.seq, e.epoch, retained=e.retained, recovered=True),
+            )
+            for e in recovery.entries
+        ]
+        self.stats.messages_recovered += len(frames)
+        frames.append(build_frame(OP_BINARY, encode_notify(NotifyCode.DATA_SYNC, subject)))
+        return frames
 
     def _arm_conflation(self, period: int) -> None:
         self._conflation_armed.add(period)
@@ -711,12 +794,16 @@ class Engine:
             )
 
     def health(self) -> Mapping[str, Any]:
-        return {
-            "status": "ok",
+        document: dict[str, Any] = {
+            "status": "ok" if self.ready else "syncing",
+            "ready": self.ready,
             "epoch": self.epoch,
             "worker": self.worker,
             "pid": os.getpid(),
             "workers": self.workers,
-            "subjects": len(self.store),
+            "subjects": len(self.replica),
             **self.stats.as_dict(),
         }
+        if self.cluster:
+            document["cluster"] = self.cluster_info
+        return document

@@ -50,6 +50,16 @@ def handle(engine: Engine, conn: Connection, request: Request, body: bytes, resp
     """
     keep = request.keep_alive
     path = request.path.rstrip("/") or "/"
+    if path == "/health":
+        respond(
+            request,
+            200 if engine.ready else 503,
+            json_response(200 if engine.ready else 503, engine.health(), keep_alive=keep),
+        )
+        return
+    if not engine.ready and path in ("/publish", "/snapshot"):
+        respond(request, *_error(503, "this cluster member is synchronising; try another member", keep))
+        return
     if path == "/publish":
         if request.method != "POST":
             respond(request, *_error(405, "use POST for /publish", keep))
@@ -64,8 +74,6 @@ def handle(engine: Engine, conn: Connection, request: Request, body: bytes, resp
             return
         else:
             answer = _snapshot(engine, conn, request, keep)
-    elif path == "/health":
-        answer = 200, json_response(200, engine.health(), keep_alive=keep)
     else:
         answer = _error(404, f"no such endpoint: {request.path}", keep)
     respond(request, *answer)
@@ -109,7 +117,7 @@ def _snapshot(
     if isinstance(denial, tuple):
         engine.deny(origin, "snapshot", denial[0], denial[1], subject)
         return _error(403, denial[1], keep)
-    snapshot = engine.store.get(subject)
+    snapshot = engine.replica.get(subject)
     if snapshot is None:
         return _error(404, f"no snapshot for {subject}", keep)
     if _wants_json(request):

@@ -1,0 +1,184 @@
+"""The member agent: one process per cluster member that speaks for it to the other members.
+
+The supervisor forks it beside the workers when ``ClusterMembers`` is set. It is the
+hub of the node's bus (every worker links to it and to nothing else) and holds the
+member's links to the other members' agents (migratory/server/members.py). All its
+decisions are made by the sans-I/O :class:`~migratory.member.Member`; this module
+only moves frames and time to it and from it, and, in Guaranteed mode, runs the seed
+members' consensus (migratory/server/consensus.py) on a seed.
+
+Workers learn from it whether the member is ready (``ClusterInfo``) and its view of
+the cluster, which they serve on ``/health`` and the monitor's ``/cluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from migratory import bus as b
+from migratory.config import Config, DeliveryMode
+from migratory.member import Member, MemberSettings
+from migratory.server.bus import Bus
+from migratory.server.members import MemberLinks
+from migratory.server.monitor import SharedCounters
+
+__all__ = ["serve_agent"]
+
+log = logging.getLogger("migratory.cluster")
+
+INFO_INTERVAL = 1.0
+
+
+def _floor_path(config: Config) -> Path:
+    return Path(config.state_folder) / "member-epoch"
+
+
+def _read_floor(config: Config) -> int:
+    """The highest epoch this member has seen, persisted so that a restart never reissues one."""
+    try:
+        return int(_floor_path(config).read_text().strip() or "0")
+    except (OSError, ValueError):
+        return 0
+
+
+def _write_floor(config: Config, value: int) -> None:
+    path = _floor_path(config)
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{value}\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.error("cannot record the member's epoch in %s: %s", path, exc)
+
+
+class _Wire:
+    """The member's outputs, onto the worker bus and the member links."""
+
+    def __init__(self, bus: Bus, links: MemberLinks) -> None:
+        self.bus = bus
+        self.links = links
+
+    def to_peer(self, member: int, frame: b.BusFrame) -> None:
+        self.links.send(member, frame)
+
+    def to_workers(self, frame: b.BusFrame) -> None:
+        self.bus.broadcast(frame)
+
+    def to_worker(self, worker: int, frame: b.BusFrame) -> None:
+        if worker in self.bus.peers:
+            self.bus.send(worker, frame)
+
+    def drop_peer(self, member: int, reason: str) -> None:
+        self.links.drop(member, reason)
+
+
+async def serve_agent(
+    config: Config,
+    stop: asyncio.Event,
+    *,
+    workers: int,
+    namespace: str,
+    secret: bytes,
+    epoch: int,
+    counters: SharedCounters | None = None,
+    sock: socket.socket | None = None,
+) -> None:
+    """Run the member agent until ``stop`` is set."""
+    loop = asyncio.get_running_loop()
+    guaranteed = config.cluster_delivery_mode is DeliveryMode.GUARANTEED
+    size = len(config.cluster_members)
+    floor = max(epoch * size, _read_floor(config))
+    settings = MemberSettings(
+        index=config.member_index,
+        size=size,
+        guaranteed=guaranteed,
+        seeds=config.seed_count,
+        cache_size=config.max_cached_messages_per_subject,
+        cache_ttl=float(config.cache_expire_time),
+        heartbeat_interval=config.cluster_heartbeat_interval / 1000.0,
+        heartbeat_timeout=config.cluster_heartbeat_timeout / 1000.0,
+        epoch_floor=floor,
+    )
+    holder: dict[str, Member] = {}
+
+    def member() -> Member:
+        return holder["m"]
+
+    bus = Bus(
+        workers,
+        range(workers),
+        namespace,
+        secret,
+        on_frame=lambda frame, worker: member().on_worker_frame(worker, frame, loop.time()),
+        on_link_up=lambda worker: member().worker_up(worker),
+        on_link_down=lambda worker: member().worker_down(worker),
+    )
+    links = MemberLinks(
+        config,
+        secrets.randbits(62),
+        on_up=lambda j, incarnation: member().peer_up(j, incarnation, loop.time()),
+        on_down=lambda j: member().peer_down(j, loop.time()),
+        on_frame=lambda j, frame: member().on_peer_frame(j, frame, loop.time()),
+    )
+    machine = holder["m"] = Member(settings, _Wire(bus, links), loop.time())
+
+    def status() -> Mapping[str, Any]:
+        totals = counters.totals() if counters is not None else {}
+        return {
+            "clients": totals.get("connections", 0),
+            "subjects": len(machine.replica.subjects()),
+            "snapshots": len(machine.replica),
+            "groups": len(machine.coordinated()),
+            "ready": machine.ready,
+        }
+
+    machine.status = status
+    consensus = None
+    if guaranteed and config.member_index < config.seed_count:
+        from migratory.server.consensus import SeedConsensus
+
+        consensus = SeedConsensus(config)
+    await bus.start()
+    await links.start(sock)
+    log.info(
+        "member %d of %d (%s, %s delivery) started; looking for the other members",
+        config.member_index,
+        size,
+        config.cluster_member_listen,
+        config.cluster_delivery_mode.value,
+    )
+    tick = min(0.1, settings.heartbeat_interval / 2)
+    last_info = 0.0
+    was_ready = False
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), tick)
+            now = loop.time()
+            if consensus is not None:
+                consensus.step(machine, now)
+            machine.tick(now)
+            top = max(machine.epochs)
+            if top > floor:
+                floor = top
+                _write_floor(config, top)
+            if machine.ready != was_ready:
+                was_ready = machine.ready
+                log.info("member %d %s", config.member_index, "ready" if was_ready else "synchronising")
+            if now - last_info >= INFO_INTERVAL:
+                last_info = now
+                bus.broadcast(machine.info())
+    finally:
+        if consensus is not None:
+            consensus.close()
+        await links.close()
+        await bus.close()
+        log.info("member agent stopped")

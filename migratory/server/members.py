@@ -1,0 +1,358 @@
+"""TCP links between cluster members' agents: authentication, optional TLS, framing.
+
+Each pair of members shares one TCP connection, dialled by the member listed first
+in ``ClusterMembers`` (so two members never race to connect to each other) and
+redialled whenever it drops. Before any other frame, the two prove to each other that
+they know ``ClusterPassword`` without sending it: the acceptor sends a fresh nonce,
+the dialer answers with its own nonce and an HMAC over both nonces and both member
+indexes, and the acceptor answers with its own HMAC (mutual challenge-response; MACs
+compared in constant time). A stranger or a member with the wrong password is logged
+and cut off; it never reaches the member state machine. With ``ClusterTLS`` the
+connection is TLS with certificates on both sides, verified against ``ClusterTLSCA``,
+and the challenge-response still runs inside it.
+
+Frames are those of migratory/bus.py. Writes are coalesced once per loop turn; a peer
+that stops reading is dropped once its backlog passes :data:`MAX_BACKLOG` (it
+resynchronises when it comes back), so a hung member cannot grow our memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import secrets
+import socket
+import ssl
+import struct
+from collections.abc import Callable
+from typing import cast
+
+from migratory import bus as b
+from migratory.config import Config, Endpoint
+
+__all__ = ["MemberLinks", "client_context", "server_context"]
+
+log = logging.getLogger("migratory.cluster")
+
+HANDSHAKE_TIMEOUT = 5.0
+MAX_BACKLOG = 256 * 1024 * 1024
+_IDS = struct.Struct("!QQQ")
+
+
+def _key(password: str) -> bytes:
+    return hashlib.sha256(b"migratory-cluster\0" + password.encode("utf-8")).digest()
+
+
+def _mac(key: bytes, role: bytes, first: bytes, second: bytes, a: int, c: int, incarnation: int) -> bytes:
+    return hmac.new(key, role + first + second + _IDS.pack(a, c, incarnation), hashlib.sha256).digest()
+
+
+def server_context(config: Config) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=config.cluster_tls_ca)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3 if config.tls_min_version == "TLSv1.3" else ssl.TLSVersion.TLSv1_2
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_cert_chain(
+        config.cluster_tls_certificate or config.tls_certificate,
+        config.cluster_tls_key or config.tls_key,
+        password=config.tls_key_password or None,
+    )
+    return context
+
+
+def client_context(config: Config) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.cluster_tls_ca)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3 if config.tls_min_version == "TLSv1.3" else ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(
+        config.cluster_tls_certificate or config.tls_certificate,
+        config.cluster_tls_key or config.tls_key,
+        password=config.tls_key_password or None,
+    )
+    return context
+
+
+class _Link(asyncio.Protocol):
+    """One member-to-member connection, from TCP accept/connect to close."""
+
+    def __init__(self, links: MemberLinks, expected: int = -1) -> None:
+        self.links = links
+        self.expected = expected  # dialer: the member we called; acceptor: -1
+        self.peer = -1
+        self.up = False
+        self.decoder = b.BusDecoder(max_frame=4096)
+        self.transport: asyncio.Transport | None = None
+        self.nonce = secrets.token_bytes(32)
+        self.their_nonce = b""
+        self.their_incarnation = 0
+        self.addr = "?"
+        self.pending: list[bytes] = []
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._timer: asyncio.TimerHandle | None = None
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+        if self.expected < 0:
+            links = self.links
+            self._send(b.Challenge(links.me, links.incarnation, self.nonce))
+
+    def _handshake_timeout(self) -> None:
+        if not self.up:
+            self.refuse("no authentication within 5 s")
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            return
+        try:
+            frames = self.decoder.feed(data)
+        except b.BusError as exc:
+            if self.up:
+                self.fail(f"corrupt frame: {exc}")
+            else:
+                self.refuse(f"corrupt frame: {exc}")
+            return
+        for frame in frames:
+            if self.transport is None:
+                return
+            if self.up:
+                self.links.received(self.peer, frame)
+            else:
+                self._handshake(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.transport = None
+        if self.up:
+            self.up = False
+            self.links.lost(self.peer, self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    # --- authentication ---------------------------------------------------------------------
+
+    def _handshake(self, frame: b.BusFrame) -> None:
+        links = self.links
+        key = links.key
+        if self.expected >= 0:  # we dialled
+            if isinstance(frame, b.Challenge):
+                if frame.member != self.expected:
+                    self.refuse(f"{self.addr} says it is member {frame.member}, we called member {self.expected}")
+                    return
+                self.their_nonce, self.their_incarnation = frame.nonce, frame.incarnation
+                mac = _mac(key, b"dial", frame.nonce, self.nonce, links.me, frame.member, links.incarnation)
+                self._send(b.Proof(links.me, links.incarnation, self.nonce, mac))
+                return
+            if isinstance(frame, b.Welcome) and self.their_nonce:
+                expected = _mac(
+                    key, b"accept", self.nonce, self.their_nonce, self.expected, links.me, self.their_incarnation
+                )
+                if hmac.compare_digest(frame.mac, expected):
+                    self._established(self.expected, self.their_incarnation)
+                    return
+                self.refuse("it does not know ClusterPassword (wrong password on one side)")
+                return
+        elif isinstance(frame, b.Proof):
+            member = frame.member
+            expected = _mac(key, b"dial", self.nonce, frame.nonce, member, links.me, frame.incarnation)
+            if not 0 <= member < links.size or member >= links.me:
+                self.refuse(f"member index {member} may not dial member {links.me}")
+                return
+            if not hmac.compare_digest(frame.mac, expected):
+                self.refuse(f"member {member}: wrong ClusterPassword")
+                return
+            mac = _mac(key, b"accept", frame.nonce, self.nonce, links.me, member, links.incarnation)
+            self._send(b.Welcome(mac))
+            self._established(member, frame.incarnation)
+            return
+        self.refuse(f"unexpected {type(frame).__name__} before authentication")
+
+    def _established(self, member: int, incarnation: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.peer = member
+        self.up = True
+        self.decoder.max_frame = b.MAX_BUS_FRAME
+        self.links.established(member, incarnation, self)
+
+    def refuse(self, why: str) -> None:
+        self.links.refused += 1
+        log.error("cluster link from %s refused: %s", self.addr, why)
+        self.abort()
+
+    def fail(self, why: str) -> None:
+        log.error("cluster link to member %d dropped: %s", self.peer, why)
+        self.abort()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # --- output ---------------------------------------------------------------------------
+
+    def _send(self, frame: b.BusFrame) -> None:
+        if self.transport is not None:
+            self.transport.write(b.encode(frame))
+
+    def queue(self, data: bytes) -> None:
+        if self.transport is None:
+            return
+        if not self.pending:
+            self.links.dirty(self)
+        self.pending.append(data)
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        transport = self.transport
+        if transport is None or not pending:
+            return
+        transport.write(b"".join(pending))
+        if transport.get_write_buffer_size() > MAX_BACKLOG:
+            self.fail(f"it stopped reading ({MAX_BACKLOG >> 20} MB waiting)")
+
+
+class MemberLinks:
+    """This member's links to every other member: listen, dial, authenticate, route frames."""
+
+    def __init__(
+        self,
+        config: Config,
+        incarnation: int,
+        on_up: Callable[[int, int], None],
+        on_down: Callable[[int], None],
+        on_frame: Callable[[int, b.BusFrame], None],
+    ) -> None:
+        self.config = config
+        self.me = config.member_index
+        self.size = len(config.cluster_members)
+        self.incarnation = incarnation
+        self.key = _key(config.cluster_password)
+        self.on_up = on_up
+        self.on_down = on_down
+        self.on_frame = on_frame
+        self.links: dict[int, _Link] = {}
+        self.refused = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._dirty: list[_Link] = []
+        self._armed = False
+        self._closed = False
+        self._server_ssl = server_context(config) if config.cluster_tls else None
+        self._client_ssl = client_context(config) if config.cluster_tls else None
+
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Listen (on ``sock`` if the supervisor bound it) and dial every member listed after us."""
+        loop = asyncio.get_running_loop()
+        me = self.config.cluster_member_listen
+        assert me is not None
+        if sock is not None:
+            self._server = await loop.create_server(
+                lambda: _Link(self),
+                sock=sock,
+                ssl=self._server_ssl,
+                backlog=64,
+            )
+        else:
+            self._server = await loop.create_server(
+                lambda: _Link(self), me.host, me.port, ssl=self._server_ssl, backlog=64, reuse_address=True
+            )
+        for index, endpoint in enumerate(self.config.cluster_members):
+            if index > self.me:
+                self._tasks.append(asyncio.create_task(self._dial(index, endpoint), name=f"member-{index}"))
+
+    async def _dial(self, index: int, endpoint: Endpoint) -> None:
+        loop = asyncio.get_running_loop()
+        delay = 0.1
+        warned = False
+        while not self._closed:
+            try:
+                _, link = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: _Link(self, index),
+                        endpoint.host,
+                        endpoint.port,
+                        ssl=self._client_ssl,
+                        server_hostname=endpoint.host if self._client_ssl else None,
+                    ),
+                    HANDSHAKE_TIMEOUT,
+                )
+            except (OSError, TimeoutError, ssl.SSLError) as exc:
+                if not warned:
+                    log.info("member %d (%s) not reachable yet: %s", index, endpoint, exc)
+                    warned = True
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            await link.closed
+            if link.up or self.links.get(index) is link:
+                warned = False
+            delay = 0.1
+            if not self._closed:
+                await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for link in list(self.links.values()):
+            link.abort()
+        if self._server is not None:
+            self._server.close()
+
+    # --- called by links -----------------------------------------------------------------
+
+    def established(self, member: int, incarnation: int, link: _Link) -> None:
+        old = self.links.get(member)
+        if old is not None and old is not link:
+            old.up = False  # its loss must not be reported after the new link's arrival
+            old.abort()
+            self.on_down(member)
+        self.links[member] = link
+        log.info("cluster link with member %d (%s) up", member, link.addr)
+        self.on_up(member, incarnation)
+
+    def lost(self, member: int, link: _Link) -> None:
+        if self.links.get(member) is link:
+            del self.links[member]
+            if not self._closed:
+                log.warning("cluster link with member %d lost", member)
+                self.on_down(member)
+
+    def received(self, member: int, frame: b.BusFrame) -> None:
+        self.on_frame(member, frame)
+
+    def dirty(self, link: _Link) -> None:
+        self._dirty.append(link)
+        if not self._armed:
+            self._armed = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._armed = False
+        dirty, self._dirty = self._dirty, []
+        for link in dirty:
+            link.flush()
+
+    # --- used by the agent ---------------------------------------------------------------
+
+    def send(self, member: int, frame: b.BusFrame) -> None:
+        link = self.links.get(member)
+        if link is not None:
+            link.queue(b.encode(frame))
+
+    def drop(self, member: int, reason: str) -> None:
+        link = self.links.pop(member, None)
+        if link is not None:
+            log.warning("cluster link with member %d dropped: %s", member, reason)
+            link.up = False
+            link.abort()
