@@ -190,8 +190,8 @@ class Welcome:
 class Heartbeat:
     """Liveness, readiness and a status summary, every ClusterHeartbeatInterval on each member link.
 
-    ``sent`` is the sender's clock (ms); ``echo`` the last ``sent`` it received from the
-    peer and ``held`` how long ago, so the peer can compute the link's round-trip time.
+    ``sent`` is the sender's clock (µs); ``echo`` the last ``sent`` it received from the
+    peer and ``held`` how long ago (µs), so the peer can compute the link's round-trip time.
     """
 
     member: int

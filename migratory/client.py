@@ -1,4 +1,4 @@
-"""The Python client library (asyncio): subscribe, publish, snapshots, fail-over.
+"""The Python client library (asyncio): subscribe, publish, snapshots, cluster failover.
 
 Usage from a plain script::
 
@@ -6,19 +6,29 @@ Usage from a plain script::
     from migratory.client import MigratoryClient
 
     async def main() -> None:
-        async with MigratoryClient(["ws://127.0.0.1:8800"], token="...") as client:
+        servers = ["100 ws://10.0.0.1:8800", "100 ws://10.0.0.2:8800", ("ws://10.0.0.3:8800", 50)]
+        async with MigratoryClient(servers, token="...") as client:
             await client.subscribe(["/Stocks/NYSE/IBM"])
             await client.publish("/Stocks/NYSE/IBM", b"193", fields={"volume": "6.62M"})
-            async for message in client.messages():
-                print(message.subject, message.content, message.fields)
+            async for message in client.messages():   # the snapshot first, then updates
+                print(message.type.name, message.subject, message.content, message.fields)
 
     asyncio.run(main())
 
 The client keeps one connection to one server of its list, chosen at random in
-proportion to the servers' weights. When that connection fails it reconnects with
-exponential backoff (trying other servers first) and subscribes again to
-everything it was subscribed to. Listeners receive messages and status events
-(server up/down, subscribe allowed/denied, publish outcome).
+proportion to the servers' weights (``"100 ws://host:port"`` or ``(url, weight)``;
+a bare URL weighs 100). When that connection fails it reconnects to another server
+with exponential backoff and jitter, and subscribes again to everything, telling
+the server the position (epoch, seq) of the last message it received on each
+subject. A cluster in Guaranteed mode then sends exactly the missed messages
+(``MessageType.RECOVERED``) followed by ``NOTIFY_DATA_SYNC``; otherwise (Standard
+mode, or a gap older than the servers' cache) ``NOTIFY_DATA_RESYNC`` and the current
+snapshot. The application never sees a message twice or out of order: anything at
+or before the last position of its subject is dropped.
+
+Publications carry a publish id; ``publish(..., retries=N)`` resends a FAILED one
+with the same id, which a cluster numbers only once. Status events use the names of
+the product's client API (``NOTIFY_SERVER_UP``, ``PUBLISH_OK``, ...).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import enum
 import itertools
 import logging
 import random
+import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -42,23 +53,27 @@ from migratory import protocol as p
 from migratory.message import MessageType
 from migratory.protocol import Status
 
-__all__ = ["ClientMessage", "EventKind", "MigratoryClient", "PublishError", "StatusEvent"]
+__all__ = ["DEFAULT_WEIGHT", "ClientMessage", "EventKind", "MigratoryClient", "PublishError", "StatusEvent"]
 
 log = logging.getLogger("migratory.client")
 
+DEFAULT_WEIGHT = 100.0
+
 
 class EventKind(enum.Enum):
-    """Status notifications delivered to ``on_status`` listeners."""
+    """Status notifications delivered to ``on_status`` listeners (the product API's names)."""
 
-    SERVER_UP = "server_up"
-    SERVER_DOWN = "server_down"
-    SUBSCRIBE_ALLOW = "subscribe_allow"
-    SUBSCRIBE_DENY = "subscribe_deny"
-    PUBLISH_OK = "publish_ok"
-    PUBLISH_NO_SUBSCRIBER = "publish_no_subscriber"
-    PUBLISH_DENIED = "publish_denied"
-    PUBLISH_FAILED = "publish_failed"
-    ERROR = "error"
+    NOTIFY_SERVER_UP = "NOTIFY_SERVER_UP"
+    NOTIFY_SERVER_DOWN = "NOTIFY_SERVER_DOWN"
+    NOTIFY_DATA_SYNC = "NOTIFY_DATA_SYNC"
+    NOTIFY_DATA_RESYNC = "NOTIFY_DATA_RESYNC"
+    SUBSCRIBE_ALLOW = "SUBSCRIBE_ALLOW"
+    SUBSCRIBE_DENY = "SUBSCRIBE_DENY"
+    PUBLISH_OK = "PUBLISH_OK"
+    PUBLISH_NO_SUBSCRIBER = "PUBLISH_NO_SUBSCRIBER"
+    PUBLISH_DENIED = "PUBLISH_DENIED"
+    PUBLISH_FAILED = "PUBLISH_FAILED"
+    ERROR = "ERROR"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +87,7 @@ class StatusEvent:
 
 @dataclass(frozen=True, slots=True)
 class ClientMessage:
-    """A delivered message: SNAPSHOT first after subscribe, then UPDATEs."""
+    """A delivered message: SNAPSHOT first after subscribe, then UPDATEs (RECOVERED after a failover)."""
 
     subject: str
     content: bytes
@@ -109,22 +124,35 @@ class _Pending:
     subscribes: dict[str, list[asyncio.Future[tuple[Status, str]]]] = field(default_factory=dict)
 
 
+def _parse_server(item: str | tuple[str, float]) -> _Server:
+    if isinstance(item, str):
+        weight_text, _, rest = item.strip().partition(" ")
+        if rest and not weight_text.startswith(("ws://", "wss://")):
+            try:
+                weight = float(weight_text)
+            except ValueError:
+                raise ValueError(f"expected 'WEIGHT URL' or 'URL', got {item!r}") from None
+            url = rest.strip()
+        else:
+            url, weight = item.strip(), DEFAULT_WEIGHT
+    else:
+        url, weight = item
+    if not url.startswith(("ws://", "wss://")):
+        raise ValueError(f"server URL must start with ws:// or wss://: {url!r}")
+    if not weight > 0:
+        raise ValueError(f"server weight must be positive: {url!r} has {weight}")
+    return _Server(url, float(weight))
+
+
 def _parse_servers(servers: Iterable[str | tuple[str, float]]) -> list[_Server]:
-    out = []
-    for item in servers:
-        url, weight = (item, 1.0) if isinstance(item, str) else item
-        if not url.startswith(("ws://", "wss://")):
-            raise ValueError(f"server URL must start with ws:// or wss://: {url!r}")
-        if weight <= 0:
-            raise ValueError(f"server weight must be positive: {url!r} has {weight}")
-        out.append(_Server(url, float(weight)))
+    out = [_parse_server(item) for item in servers]
     if not out:
         raise ValueError("at least one server is required")
     return out
 
 
 class MigratoryClient:
-    """One logical client of a cluster: reconnects, resubscribes, and reports status."""
+    """One logical client of a cluster: reconnects, recovers, deduplicates, and reports status."""
 
     def __init__(
         self,
@@ -149,6 +177,7 @@ class MigratoryClient:
         self.request_timeout = request_timeout
         self.ssl = ssl
         self._subscriptions: dict[str, int] = {}
+        self._positions: dict[str, tuple[int, int]] = {}
         self._queue: asyncio.Queue[ClientMessage] = asyncio.Queue()
         self._ws: ClientConnection | None = None
         self._connected = asyncio.Event()
@@ -156,8 +185,11 @@ class MigratoryClient:
         self._closing = False
         self._pending = _Pending()
         self._closures = itertools.count(1)
+        self._id_prefix = secrets.token_hex(8)
+        self.max_message_size = 0
         self.session = ""
         self.server = ""
+        self.duplicates_dropped = 0
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -195,6 +227,13 @@ class MigratoryClient:
     def connected(self) -> bool:
         return self._connected.is_set()
 
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self._connected.wait(), timeout or self.request_timeout)
+
+    def position(self, subject: str) -> tuple[int, int] | None:
+        """``(epoch, seq)`` of the last message received on ``subject``."""
+        return self._positions.get(subject)
+
     # --- requests -----------------------------------------------------------------
 
     async def subscribe(self, subjects: Iterable[str], conflation_ms: int = 0) -> dict[str, Status]:
@@ -204,6 +243,8 @@ class MigratoryClient:
         every reconnection; a denied or invalid subject is forgotten.
         """
         subjects = list(subjects)
+        if conflation_ms < 0:
+            raise ValueError(f"conflation_ms must be 0 or more, got {conflation_ms}")
         loop = asyncio.get_running_loop()
         futures: dict[str, asyncio.Future[tuple[Status, str]]] = {}
         for subject in subjects:
@@ -212,7 +253,7 @@ class MigratoryClient:
             self._pending.subscribes.setdefault(subject, []).append(fut)
             futures[subject] = fut
         if self._ws is not None and self._connected.is_set():
-            await self._send(p.encode_subscribe(subjects, conflation_ms))
+            await self._send(self._subscribe_frame(subjects, conflation_ms))
         results: dict[str, Status] = {}
         for subject, fut in futures.items():
             try:
@@ -222,10 +263,22 @@ class MigratoryClient:
             results[subject] = status
         return results
 
+    def _subscribe_frame(self, subjects: list[str], conflation_ms: int) -> bytes:
+        positions = [self._positions.get(s, (0, 0)) for s in subjects]
+        if any(positions):
+            return p.encode_subscribe(subjects, conflation_ms, positions)
+        return p.encode_subscribe(subjects, conflation_ms)
+
     async def unsubscribe(self, subjects: Iterable[str]) -> None:
         subjects = [s for s in subjects if self._subscriptions.pop(s, None) is not None]
+        for subject in subjects:
+            self._positions.pop(subject, None)
         if subjects and self._ws is not None and self._connected.is_set():
             await self._send(p.encode_unsubscribe(subjects))
+
+    def new_publish_id(self) -> str:
+        """A publish id no other client uses (what :meth:`publish` assigns by default)."""
+        return f"{self._id_prefix}-{next(self._closures)}"
 
     async def publish(
         self,
@@ -236,26 +289,55 @@ class MigratoryClient:
         closure: str | None = None,
         retained: bool = True,
         guaranteed: bool = False,
+        publish_id: str | None = None,
+        retries: int = 0,
         raise_on_error: bool = False,
     ) -> Status:
-        """Publish and wait for the server's publish status (OK, NO_SUBSCRIBER, DENIED, ...)."""
+        """Publish and wait for the server's publish status (OK, NO_SUBSCRIBER, DENIED, ...).
+
+        ``retries``: how many times a FAILED publication (for example cut by a
+        failover) is sent again, with the same publish id, once reconnected; the
+        cluster numbers it once however many copies arrive.
+        """
         data = content.encode("utf-8") if isinstance(content, str) else content
-        closure = closure if closure is not None else f"c{next(self._closures)}"
-        if self._ws is None or not self._connected.is_set():
-            status, reason = Status.FAILED, "not connected"
-        else:
-            fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
-            self._pending.publishes[closure] = fut
-            try:
-                await self._send(p.encode_publish(subject, data, fields, closure, retained, guaranteed))
-                status, reason = await asyncio.wait_for(fut, self.request_timeout)
-            except (TimeoutError, WebSocketException, OSError) as exc:
-                status, reason = Status.FAILED, f"no publish status: {exc or type(exc).__name__}"
-            finally:
-                self._pending.publishes.pop(closure, None)
+        publish_id = publish_id or self.new_publish_id()
+        closure = closure if closure is not None else publish_id
+        for attempt in range(retries + 1):
+            status, reason = await self._publish_once(subject, data, fields, closure, retained, guaranteed, publish_id)
+            if status is not Status.FAILED or attempt == retries or self._closing:
+                break
+            with contextlib.suppress(TimeoutError):
+                await self.wait_connected()
         if status not in (Status.OK, Status.NO_SUBSCRIBER) and raise_on_error:
             raise PublishError(status, reason)
         return status
+
+    async def _publish_once(
+        self,
+        subject: str,
+        data: bytes,
+        fields: Mapping[str, str] | None,
+        closure: str,
+        retained: bool,
+        guaranteed: bool,
+        publish_id: str,
+    ) -> tuple[Status, str]:
+        if self.max_message_size and len(data) > self.max_message_size:
+            reason = f"content of {len(data)} bytes exceeds the server's MessageSizeLimit ({self.max_message_size})"
+            await self._emit(StatusEvent(EventKind.PUBLISH_FAILED, reason, subject, closure, Status.TOO_LARGE))
+            return Status.TOO_LARGE, reason
+        if self._ws is None or not self._connected.is_set():
+            await self._emit(StatusEvent(EventKind.PUBLISH_FAILED, "not connected", subject, closure, Status.FAILED))
+            return Status.FAILED, "not connected"
+        fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
+        self._pending.publishes[closure] = fut
+        try:
+            await self._send(p.encode_publish(subject, data, fields, closure, retained, guaranteed, publish_id))
+            return await asyncio.wait_for(fut, self.request_timeout)
+        except (TimeoutError, WebSocketException, OSError, ConnectionError) as exc:
+            return Status.FAILED, f"no publish status: {exc or type(exc).__name__}"
+        finally:
+            self._pending.publishes.pop(closure, None)
 
     async def messages(self) -> Any:
         """Async iterator over delivered messages (when no ``on_message`` listener is set)."""
@@ -307,12 +389,26 @@ class MigratoryClient:
                 delay = self.backoff_initial
             if self._closing:
                 return
-            await self._emit(StatusEvent(EventKind.SERVER_DOWN, f"{server.url}: {reason}"))
+            server.failures += 1
+            await self._emit(StatusEvent(EventKind.NOTIFY_SERVER_DOWN, f"{server.url}: {reason}"))
             if self._closing or not self.reconnect:
                 return
             last = server
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter: a crowd of clients does not return at once
             delay = min(delay * 2, self.backoff_max)
+
+    def _accept(self, frame: p.Delivery) -> bool:
+        """Record the message's position; False for a duplicate or an older message."""
+        subject = frame.subject
+        if frame.snapshot:
+            self._positions[subject] = (frame.epoch, frame.seq)
+            return True
+        last = self._positions.get(subject)
+        if last is not None and frame.seq <= last[1]:
+            self.duplicates_dropped += 1
+            return False
+        self._positions[subject] = (frame.epoch, frame.seq)
+        return True
 
     async def _read(self, ws: ClientConnection, server: _Server) -> None:
         async for raw in ws:
@@ -320,14 +416,17 @@ class MigratoryClient:
                 raise p.DecodeError("server sent a text message")
             frame = p.decode_server(raw)
             if isinstance(frame, p.Delivery):
+                if frame.subject not in self._subscriptions or not self._accept(frame):
+                    continue
+                kind = (
+                    MessageType.SNAPSHOT
+                    if frame.snapshot
+                    else MessageType.RECOVERED
+                    if frame.recovered
+                    else MessageType.UPDATE
+                )
                 message = ClientMessage(
-                    frame.subject,
-                    frame.content,
-                    frame.fields,
-                    MessageType.SNAPSHOT if frame.snapshot else MessageType.UPDATE,
-                    frame.seq,
-                    frame.epoch,
-                    frame.retained,
+                    frame.subject, frame.content, frame.fields, kind, frame.seq, frame.epoch, frame.retained
                 )
                 if self.on_message is not None:
                     result = self.on_message(message)
@@ -347,42 +446,50 @@ class MigratoryClient:
                         status=frame.status,
                     )
                 )
-            elif isinstance(frame, p.SubscribeStatus):
-                waiters = self._pending.subscribes.get(frame.subject)
-                if waiters:
-                    fut = waiters.pop(0)
-                    if not waiters:
-                        del self._pending.subscribes[frame.subject]
-                    if not fut.done():
-                        fut.set_result((frame.status, frame.reason))
-                if frame.status == Status.OK:
-                    await self._emit(StatusEvent(EventKind.SUBSCRIBE_ALLOW, subject=frame.subject, status=frame.status))
+            elif isinstance(frame, p.Notify):
+                if frame.code is p.NotifyCode.DATA_RESYNC:
+                    self._positions.pop(frame.subject, None)  # the snapshot that follows starts afresh
+                    await self._emit(StatusEvent(EventKind.NOTIFY_DATA_RESYNC, subject=frame.subject))
                 else:
-                    self._subscriptions.pop(frame.subject, None)
-                    await self._emit(
-                        StatusEvent(
-                            EventKind.SUBSCRIBE_DENY,
-                            frame.reason,
-                            subject=frame.subject,
-                            status=frame.status,
-                        )
-                    )
+                    await self._emit(StatusEvent(EventKind.NOTIFY_DATA_SYNC, subject=frame.subject))
+            elif isinstance(frame, p.SubscribeStatus):
+                await self._subscribe_status(frame)
             elif isinstance(frame, p.Connected):
                 self.session = frame.session
                 self.server = server.url
+                self.max_message_size = frame.max_message_size
                 server.failures = 0
                 await self._resubscribe(ws)
                 self._connected.set()
-                await self._emit(StatusEvent(EventKind.SERVER_UP, server.url))
+                await self._emit(StatusEvent(EventKind.NOTIFY_SERVER_UP, server.url))
             elif isinstance(frame, p.ErrorNotice):
+                if frame.status is Status.TOO_LARGE:
+                    self._fail_largest_publish(frame.reason)
                 await self._emit(StatusEvent(EventKind.ERROR, frame.reason, status=frame.status))
+
+    async def _subscribe_status(self, frame: p.SubscribeStatus) -> None:
+        waiters = self._pending.subscribes.get(frame.subject)
+        if waiters:
+            fut = waiters.pop(0)
+            if not waiters:
+                del self._pending.subscribes[frame.subject]
+            if not fut.done():
+                fut.set_result((frame.status, frame.reason))
+        if frame.status == Status.OK:
+            await self._emit(StatusEvent(EventKind.SUBSCRIBE_ALLOW, subject=frame.subject, status=frame.status))
+        else:
+            self._subscriptions.pop(frame.subject, None)
+            self._positions.pop(frame.subject, None)
+            await self._emit(
+                StatusEvent(EventKind.SUBSCRIBE_DENY, frame.reason, subject=frame.subject, status=frame.status)
+            )
 
     async def _resubscribe(self, ws: ClientConnection) -> None:
         by_period: dict[int, list[str]] = {}
         for subject, period in self._subscriptions.items():
             by_period.setdefault(period, []).append(subject)
         for period, subjects in by_period.items():
-            await ws.send(p.encode_subscribe(subjects, period))
+            await ws.send(self._subscribe_frame(subjects, period))
 
     async def _send(self, data: bytes) -> None:
         ws = self._ws
@@ -395,6 +502,14 @@ class MigratoryClient:
             if not fut.done():
                 fut.set_result((Status.FAILED, reason))
         self._pending.publishes.clear()
+
+    def _fail_largest_publish(self, reason: str) -> None:
+        """The server refused a frame as too large before reading its closure: it was the oldest pending one."""
+        for closure, fut in list(self._pending.publishes.items()):
+            if not fut.done():
+                fut.set_result((Status.TOO_LARGE, reason))
+                del self._pending.publishes[closure]
+                return
 
     async def _emit(self, event: StatusEvent) -> None:
         if self.on_status is None:

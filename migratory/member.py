@@ -333,7 +333,7 @@ class Member:
         peer.ready, peer.leader, peer.table_version = beat.ready, beat.leader, beat.table_version
         peer.their_sent, peer.their_sent_at = beat.sent, now
         if beat.echo:
-            peer.rtt_ms = max(0.0, now * 1000 - beat.echo - beat.held)
+            peer.rtt_ms = max(0.0, now * 1e6 - beat.echo - beat.held) / 1000
         if beat.status:
             try:
                 peer.status = dict(json.loads(beat.status))
@@ -739,7 +739,7 @@ class Member:
         peer = self.peers.get(member)
         if peer is None:
             return
-        held = int((now - peer.their_sent_at) * 1000) if peer.their_sent else 0
+        held = int((now - peer.their_sent_at) * 1e6) if peer.their_sent else 0
         status = json.dumps(self.status(), separators=(",", ":")).encode()
         beat = Heartbeat(
             self.me,
@@ -747,7 +747,7 @@ class Member:
             self.leader,
             self.leader_quorum,
             self.table.version,
-            int(now * 1000),
+            int(now * 1e6),
             peer.their_sent,
             held,
             status,
@@ -780,6 +780,7 @@ class Member:
             "subjects": len(self.replica.subjects()),
             "snapshots": len(self.replica),
             "cached_messages": self.replica.cached_messages(),
+            "self": dict(self.status()),
             "counters": dict(self.counters),
             "peers": {
                 str(j): {

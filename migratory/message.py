@@ -28,6 +28,7 @@ class MessageType(enum.IntEnum):
 
     SNAPSHOT = 1
     UPDATE = 2
+    RECOVERED = 3  # missed during a failover, resent from the cluster's cache (Guaranteed mode)
 
 
 class QoS(enum.IntEnum):

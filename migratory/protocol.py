@@ -147,9 +147,12 @@ class Publish:
 
 @dataclass(frozen=True, slots=True)
 class Connected:
+    """``max_message_size`` (version 2): the server's MessageSizeLimit, so a client refuses bigger ones itself."""
+
     version: int
     session: str
     epoch: int
+    max_message_size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,8 +409,9 @@ def decode_client(data: bytes) -> ClientFrame:
 # --- server -> client ------------------------------------------------------------------
 
 
-def encode_connected(session: str, epoch: int, version: int = PROTOCOL_VERSION) -> bytes:
-    return bytes((Op.CONNECTED,)) + _varint(version) + _string(session) + _varint(epoch)
+def encode_connected(session: str, epoch: int, version: int = PROTOCOL_VERSION, max_message_size: int = 0) -> bytes:
+    head = bytes((Op.CONNECTED,)) + _varint(version) + _string(session) + _varint(epoch)
+    return head + _varint(max_message_size) if version >= 2 else head
 
 
 def encode_subscribe_status(status: Status, subject: str, reason: str = "") -> bytes:
@@ -492,8 +496,9 @@ def decode_server(data: bytes) -> ServerFrame:
         version = r.varint("version")
         session = r.string("session")
         epoch = r.varint("epoch")
+        limit = r.varint("message size limit") if version >= 2 else 0
         r.end()
-        return Connected(version, session, epoch)
+        return Connected(version, session, epoch, limit)
     if op == Op.SUBSCRIBE_STATUS:
         status = _status(r.byte("status"))
         subject = r.string("subject")

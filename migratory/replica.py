@@ -96,7 +96,7 @@ NOTHING = Merged()
 class RecoveryKind(enum.Enum):
     SYNC = "sync"  # the client missed nothing (or is ahead of this replica and will be caught up live)
     RECOVER = "recover"  # send ``entries`` (the missed messages), then say it is in sync
-    RESYNC = "resync"  # the gap is not cached: send the snapshot, flagged as a resync
+    RESYNC = "resync"  # no cache (Standard mode) or the gap is not cached: the snapshot, flagged as a resync
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,10 +312,12 @@ class Replica:
         state = self._states.get(subject)
         if state is None:
             return Recovery(RecoveryKind.RESYNC)
-        if (epoch, seq) == (state.epoch, state.seq):
-            return Recovery(RecoveryKind.SYNC)
         if seq > state.seq and epoch >= state.epoch:
             return Recovery(RecoveryKind.SYNC)  # it saw messages this replica is about to receive
+        if not self.cache_size:  # Standard mode: after a failover, the current snapshot
+            return Recovery(RecoveryKind.RESYNC, snapshot=state.snapshot)
+        if (epoch, seq) == (state.epoch, state.seq):
+            return Recovery(RecoveryKind.SYNC)
         if state.cache:
             entries = tuple(entry for _, entry in state.cache)
             after = _after(entries, epoch, seq)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 from hypothesis import given, settings
@@ -198,7 +199,7 @@ def test_guaranteed_refuses_publications_without_a_seed_majority() -> None:
     assert "quorum" in net.answers[(0, request)].reason or "second" in net.answers[(0, request)].reason
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=int(os.environ.get("MIGRATORY_FAULT_EXAMPLES", "40")), deadline=None)
 @given(st.integers(0, 2**32), st.booleans())
 def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, partition: bool) -> None:
     rng = random.Random(seed)

@@ -143,7 +143,7 @@ async def _subscribe(url: str, subjects: list[str], conflation: int, as_json: bo
     out = Console(highlight=False, soft_wrap=True)
 
     def on_status(event: StatusEvent) -> None:
-        if event.kind in (EventKind.SUBSCRIBE_DENY, EventKind.ERROR, EventKind.SERVER_DOWN):
+        if event.kind in (EventKind.SUBSCRIBE_DENY, EventKind.ERROR, EventKind.NOTIFY_SERVER_DOWN):
             _err.print(f"{event.kind.value}: {event.subject} {event.detail}".replace("  ", " "), markup=False)
 
     async with MigratoryClient([url], token=token, on_status=on_status) as client:

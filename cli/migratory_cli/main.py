@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from migratory_cli import bench_cmd, cert_cmd, client_cmds, config_cmds, logs_cmd, serve_cmd
+from migratory_cli import bench_cmd, cert_cmd, client_cmds, cluster_cmd, config_cmds, logs_cmd, serve_cmd
 
 app = typer.Typer(
     name="migratory",
@@ -20,6 +20,7 @@ app.add_typer(config_cmds.app, name="config")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(cert_cmd.app, name="cert")
 app.add_typer(logs_cmd.app, name="logs")
+app.add_typer(cluster_cmd.app, name="cluster")
 client_cmds.register(app)
 
 

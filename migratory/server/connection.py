@@ -638,7 +638,8 @@ class Connection(asyncio.Protocol):
                 self._set_token(msg.token)
             self.hello = True
             self.version = msg.version
-            self.send(build_frame(OP_BINARY, p.encode_connected(self.session, engine.epoch, msg.version)))
+            connected = p.encode_connected(self.session, engine.epoch, msg.version, engine.max_message_size)
+            self.send(build_frame(OP_BINARY, connected))
 
     def _subscribe_one(
         self,

@@ -81,6 +81,7 @@ class _Link(asyncio.Protocol):
         self.expected = expected  # dialer: the member we called; acceptor: -1
         self.peer = -1
         self.up = False
+        self.established_once = False
         self.decoder = b.BusDecoder(max_frame=4096)
         self.transport: asyncio.Transport | None = None
         self.nonce = secrets.token_bytes(32)
@@ -179,12 +180,12 @@ class _Link(asyncio.Protocol):
             self._timer.cancel()
         self.peer = member
         self.up = True
+        self.established_once = True
         self.decoder.max_frame = b.MAX_BUS_FRAME
         self.links.established(member, incarnation, self)
 
     def refuse(self, why: str) -> None:
-        self.links.refused += 1
-        log.error("cluster link from %s refused: %s", self.addr, why)
+        self.links.refuse(self.addr, why)
         self.abort()
 
     def fail(self, why: str) -> None:
@@ -239,6 +240,7 @@ class MemberLinks:
         self.on_frame = on_frame
         self.links: dict[int, _Link] = {}
         self.refused = 0
+        self._logged: dict[tuple[str, str], float] = {}
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._dirty: list[_Link] = []
@@ -291,11 +293,13 @@ class MemberLinks:
                 delay = min(1.0, delay * 2)
                 continue
             await link.closed
-            if link.up or self.links.get(index) is link:
-                warned = False
-            delay = 0.1
-            if not self._closed:
-                await asyncio.sleep(0.05)
+            if link.established_once:
+                warned, delay = False, 0.1
+                if not self._closed:
+                    await asyncio.sleep(0.05)
+            else:  # refused (wrong password, not a member): do not hammer it
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
 
     async def close(self) -> None:
         self._closed = True
@@ -327,6 +331,15 @@ class MemberLinks:
             if not self._closed:
                 log.warning("cluster link with member %d lost", member)
                 self.on_down(member)
+
+    def refuse(self, addr: str, why: str) -> None:
+        """Count every refused link; log it, but at most once a minute per host and reason."""
+        self.refused += 1
+        now = asyncio.get_running_loop().time()
+        key = (addr.rpartition(":")[0], why)
+        if now - self._logged.get(key, -1e9) >= 60.0:
+            self._logged[key] = now
+            log.error("cluster link with %s refused: %s (%d refused so far)", addr, why, self.refused)
 
     def received(self, member: int, frame: b.BusFrame) -> None:
         self.on_frame(member, frame)

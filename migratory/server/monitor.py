@@ -23,7 +23,7 @@ from migratory.stats import NodeStats
 if TYPE_CHECKING:
     from migratory.server.engine import Engine
 
-__all__ = ["COUNTERS", "Monitor", "MonitorConnection", "SharedCounters"]
+__all__ = ["COUNTERS", "Monitor", "MonitorConnection", "SharedCounters", "cluster_document"]
 
 COUNTERS = (
     "connections",
@@ -101,7 +101,97 @@ class Monitor:
         for name, windows in self.node.indicators.items():
             lines.append(f"# TYPE migratory_{name} gauge")
             lines.append(f"migratory_{name} {windows.current}")
+        if self.engine.cluster:
+            lines.extend(self._cluster_metrics())
         return "\n".join(lines) + "\n"
+
+    def _cluster_metrics(self) -> list[str]:
+        info = self.engine.cluster_info
+        document = cluster_document(self.engine)
+        lines = [
+            "# HELP migratory_cluster_ready Whether this member is synchronised with the cluster and serving.",
+            "# TYPE migratory_cluster_ready gauge",
+            f"migratory_cluster_ready {int(bool(info.get('ready')))}",
+            "# HELP migratory_cluster_quorum Guaranteed mode: whether the seed members' majority is reachable.",
+            "# TYPE migratory_cluster_quorum gauge",
+            f"migratory_cluster_quorum {int(bool(info.get('quorum', True)))}",
+            "# HELP migratory_cluster_groups_coordinated Subject groups this member coordinates.",
+            "# TYPE migratory_cluster_groups_coordinated gauge",
+            f"migratory_cluster_groups_coordinated {len(info.get('groups', []))}",
+            "# HELP migratory_cluster_link_up Whether the link to each other member is up.",
+            "# TYPE migratory_cluster_link_up gauge",
+        ]
+        rtts = []
+        for row in document["members"]:
+            if row["index"] == document["member"]:
+                continue
+            lines.append(f'migratory_cluster_link_up{{member="{row["index"] + 1}"}} {int(row["state"] != "down")}')
+            if row["rtt_ms"] is not None and row["rtt_ms"] >= 0:
+                rtts.append(
+                    f'migratory_cluster_link_rtt_seconds{{member="{row["index"] + 1}"}} {row["rtt_ms"] / 1000:.6f}'
+                )
+        lines += [
+            "# HELP migratory_cluster_link_rtt_seconds Heartbeat round-trip time of each member link.",
+            "# TYPE migratory_cluster_link_rtt_seconds gauge",
+            *rtts,
+        ]
+        names = {
+            "replicated_in": "Messages received from coordinating members and applied here.",
+            "replicated_out": "Messages this member coordinated and sent to other members (one per member).",
+            "forwarded": "Publications forwarded to the coordinating member of their subject.",
+            "link_up": "Member links that came up.",
+            "link_down": "Member links that went down.",
+            "resyncs": "Subjects whose history was replaced by a merge (their subscribers were resynced).",
+            "syncs_served": "State syncs this member sent to other members.",
+            "claims": "Times this member took over subject groups.",
+            "publish_failed": "Publications answered FAILED by this member's agent.",
+        }
+        counters = info.get("counters", {})
+        for name, text in names.items():
+            lines += [
+                f"# HELP migratory_cluster_{name}_total {text}",
+                f"# TYPE migratory_cluster_{name}_total counter",
+                f"migratory_cluster_{name}_total {int(counters.get(name, 0))}",
+            ]
+        return lines
+
+
+def cluster_document(engine: Engine) -> dict[str, Any]:
+    """Every member as this one sees it: `/cluster` and `migratory cluster status`."""
+    info = engine.cluster_info
+    config = engine.config
+    me = info.get("member", config.member_index)
+    peers = info.get("peers", {})
+    rows = []
+    for index, address in enumerate(config.cluster_members):
+        row: dict[str, Any] = {"index": index, "address": str(address)}
+        if index == me:
+            stats = info.get("self", {})
+            row["state"] = "this member, " + ("ready" if info.get("ready") else "synchronising")
+            row["rtt_ms"] = 0.0
+        elif str(index) in peers:
+            peer = peers[str(index)]
+            stats = peer.get("status", {})
+            row["state"] = (
+                "up, " + ("ready" if peer.get("ready") else "joining") + (", leader" if peer.get("leader") else "")
+            )
+            row["rtt_ms"] = peer.get("rtt_ms", -1.0)
+        else:
+            stats = {}
+            row["state"] = "down"
+            row["rtt_ms"] = None
+        for key in ("groups", "subjects", "snapshots", "clients"):
+            row[key] = stats.get(key)
+        rows.append(row)
+    return {
+        "member": me,
+        "mode": config.cluster_delivery_mode.value,
+        "ready": bool(info.get("ready")),
+        "quorum": bool(info.get("quorum", True)),
+        "table_version": info.get("table_version", 0),
+        "counters": info.get("counters", {}),
+        "members": rows,
+    }
 
 
 class MonitorConnection(asyncio.Protocol):
@@ -158,9 +248,15 @@ class MonitorConnection(asyncio.Protocol):
         elif path == "/metrics":
             self._send(response(200, self.monitor.metrics().encode(), "text/plain; version=0.0.4", keep_alive=False))
         elif path == "/health":
-            self._send(json_response(200, self.monitor.engine.health(), keep_alive=False))
+            code = 200 if self.monitor.engine.ready else 503
+            self._send(json_response(code, self.monitor.engine.health(), keep_alive=False))
+        elif path == "/cluster":
+            if not self.monitor.engine.cluster:
+                self._answer(404, b"this server is not a cluster member (ClusterMembers is not set)\n")
+            else:
+                self._send(json_response(200, cluster_document(self.monitor.engine), keep_alive=False))
         else:
-            self._answer(404, b"try /stats, /metrics or /health\n")
+            self._answer(404, b"try /stats, /metrics, /health or /cluster\n")
 
     def _answer(self, status: int, body: bytes) -> None:
         self._send(response(status, body, keep_alive=False))

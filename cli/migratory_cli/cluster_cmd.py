@@ -1,0 +1,237 @@
+"""``migratory cluster init|check|status``: write, compare and watch a cluster's members.
+
+``init`` writes one configuration per member (the same member list, order and
+password everywhere), ``check`` proves that several members' files agree and says
+what differs, and ``status`` shows a running cluster as one member's monitor sees it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from migratory.config import DeliveryMode, Endpoint, parse_endpoints
+from migratory_cli.config_cmds import load_or_exit
+
+app = typer.Typer(
+    help="Cluster commands: write member configurations, compare them, watch a cluster.", no_args_is_help=True
+)
+
+EXIT_DIFFER = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# keys every member must agree on, with how to show them
+AGREED = (
+    ("ClusterMembers", lambda c: ", ".join(map(str, c.cluster_members))),
+    ("ClusterPassword", lambda c: c.cluster_password),
+    ("ClusterDeliveryMode", lambda c: c.cluster_delivery_mode.value),
+    ("ClusterSeedMemberCount", lambda c: str(c.seed_count) if c.seed_count else "auto"),
+    ("MaxCachedMessagesPerSubject", lambda c: str(c.max_cached_messages_per_subject)),
+    ("CacheExpireTime", lambda c: str(c.cache_expire_time)),
+    ("ClusterHeartbeatInterval", lambda c: str(c.cluster_heartbeat_interval)),
+    ("ClusterHeartbeatTimeout", lambda c: str(c.cluster_heartbeat_timeout)),
+    ("ClusterTLS", lambda c: str(c.cluster_tls).lower()),
+)
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    _err.print(f"error: {message}", markup=False)
+    return typer.Exit(code)
+
+
+@app.command("init")
+def init_cmd(
+    members: str = typer.Option(
+        ..., "--members", help="Every member's cluster address, in order: host:port,host:port,..."
+    ),
+    out: Path = typer.Option(..., "--out", help="Folder to write member-1.conf, member-2.conf, ... into."),
+    mode: str = typer.Option("Standard", "--mode", help="ClusterDeliveryMode: Standard or Guaranteed."),
+    client_port: int = typer.Option(8800, "--client-port", help="Each member's client listener port (on its host)."),
+    monitor_port: int = typer.Option(9900, "--monitor-port", help="Each member's monitor port (on its host); 0: none."),
+    password: str = typer.Option("", "--password", help="ClusterPassword to use (default: a new random one)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+) -> None:
+    """Write one migratorydata.conf per member of a new cluster, with a random ClusterPassword."""
+    try:
+        endpoints = parse_endpoints(members)
+    except ValueError as exc:
+        raise _fail(f"--members: {exc}") from None
+    if len(endpoints) < 2:
+        raise _fail("--members: a cluster needs at least two members")
+    if any(e.host == "*" for e in endpoints):
+        raise _fail("--members: list addresses the members can reach each other on, not *")
+    try:
+        delivery = next(m for m in DeliveryMode if m.value.lower() == mode.lower())
+    except StopIteration:
+        raise _fail("--mode: expected Standard or Guaranteed") from None
+    if delivery is DeliveryMode.GUARANTEED and len(endpoints) < 3:
+        raise _fail("--mode: Guaranteed needs at least three members")
+    if password and len(password) < 12:
+        raise _fail("--password: at least 12 characters")
+    secret = password or base64.urlsafe_b64encode(secrets.token_bytes(24)).decode().rstrip("=")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"member-{i + 1}.conf" for i in range(len(endpoints))]
+    existing = [p for p in paths if p.exists()]
+    if existing and not force:
+        raise _fail(f"{existing[0]} exists (use --force to overwrite)")
+    listed = ", ".join(map(str, endpoints))
+    for i, (endpoint, path) in enumerate(zip(endpoints, paths, strict=True)):
+        folder = (out / f"member-{i + 1}").resolve()
+        lines = [
+            f"# Member {i + 1} of {len(endpoints)}, written by `migratory cluster init`.",
+            "# Every member's file has the same ClusterMembers (same order) and ClusterPassword;",
+            "# check them with `migratory cluster check member-*.conf`.",
+            f"Listen = {_host_port(endpoint.host, client_port)}",
+        ]
+        if monitor_port:
+            lines.append(f"MonitorHTTP.Listen = {_host_port(endpoint.host, monitor_port)}")
+        lines += [
+            f"LogFolder = {folder / 'logs'}",
+            f"StateFolder = {folder / 'state'}",
+            f"ClusterMembers = {listed}",
+            f"ClusterMemberListen = {endpoint}",
+            f"ClusterPassword = {secret}",
+            f"ClusterDeliveryMode = {delivery.value}",
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o600)  # it holds the cluster's password
+        load_or_exit(path)  # what we wrote must be valid
+    Console(highlight=False).print(f"wrote {len(paths)} member configurations to {out} ({delivery.value} delivery)")
+
+
+def _host_port(host: str, port: int) -> str:
+    return str(Endpoint(host, port))
+
+
+@app.command("check")
+def check_cmd(files: list[Path] = typer.Argument(..., help="The members' migratorydata.conf files.")) -> None:
+    """Prove that several members' configurations agree (list, order, password, mode); say what differs."""
+    configs = [(path, load_or_exit(path)) for path in files]
+    problems: list[str] = []
+    for path, config in configs:
+        if not config.clustered:
+            problems.append(f"{path}: ClusterMembers is not set")
+    clustered = [(p, c) for p, c in configs if c.clustered]
+    for key, show in AGREED:
+        values: dict[str, list[str]] = {}
+        for path, config in clustered:
+            values.setdefault(show(config), []).append(str(path))
+        if len(values) > 1:
+            shown = "; ".join(
+                f"{'(hidden)' if key == 'ClusterPassword' else value!r} in {', '.join(paths)}"
+                for value, paths in values.items()
+            )
+            problems.append(f"{key} differs: {shown}")
+    seen: dict[Endpoint | None, Path] = {}
+    for path, config in clustered:
+        me = config.cluster_member_listen
+        if me in seen:
+            problems.append(f"{path} and {seen[me]} are both member {me}")
+        seen[me] = path
+    console = Console(highlight=False)
+    if problems:
+        for problem in problems:
+            _err.print(problem, markup=False)
+        raise typer.Exit(EXIT_DIFFER)
+    members = clustered[0][1].cluster_members if clustered else ()
+    missing = [str(m) for m in members if m not in seen]
+    console.print(
+        f"OK: {len(clustered)} member configuration(s) agree ({len(members)} members, "
+        f"{clustered[0][1].cluster_delivery_mode.value} delivery)"
+        + (f"; not checked here: {', '.join(missing)}" if missing else ""),
+        markup=False,
+    )
+
+
+def fetch_cluster(url: str, user: str = "", password: str = "", timeout: float = 5.0) -> dict[str, Any]:
+    """GET the monitor's /cluster document."""
+    target = url.rstrip("/")
+    if not target.startswith(("http://", "https://")):
+        raise ValueError(f"{url}: expected the monitor's http:// or https:// URL")
+    request = urllib.request.Request(target + "/cluster")
+    if user:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        return dict(json.loads(answer.read()))
+
+
+def status_table(document: dict[str, Any]) -> Table:
+    me = document.get("member")
+    table = Table(title=f"the cluster as member {me + 1 if isinstance(me, int) else '?'} sees it")
+    for column in ("member", "address", "state", "rtt ms", "groups", "subjects", "snapshots", "clients"):
+        table.add_column(column, justify="right" if column not in ("address", "state") else "left")
+    for row in document.get("members", []):
+        rtt = row.get("rtt_ms")
+        table.add_row(
+            str(row.get("index", 0) + 1),
+            str(row.get("address", "")),
+            str(row.get("state", "")),
+            "-" if rtt is None or rtt < 0 else f"{rtt:.1f}",
+            str(row.get("groups", "-")),
+            str(row.get("subjects", "-")),
+            str(row.get("snapshots", "-")),
+            str(row.get("clients", "-")),
+        )
+    table.caption = (
+        f"{document.get('mode', '?')} delivery; "
+        + (f"quorum {'yes' if document.get('quorum') else 'NO'}; " if document.get("mode") == "Guaranteed" else "")
+        + f"this member {'ready' if document.get('ready') else 'synchronising'}"
+    )
+    return table
+
+
+@app.command("status")
+def status_cmd(
+    url: str = typer.Argument(..., help="Any member's monitor URL, e.g. http://10.0.0.1:9900"),
+    as_json: bool = typer.Option(False, "--json", help="Print the /cluster document as JSON."),
+    watch: bool = typer.Option(False, "--watch", help="Refresh every second until interrupted."),
+    user: str = typer.Option("", "--user", help="MonitorHTTP.Username, when the monitor requires it."),
+    password: str = typer.Option("", "--password", help="MonitorHTTP.Password."),
+) -> None:
+    """Show every member with its state, link round-trip time, groups, subjects, snapshots and clients."""
+
+    def get() -> dict[str, Any]:
+        try:
+            return fetch_cluster(url, user, password)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+        except urllib.error.HTTPError as exc:
+            raise _fail(f"{url}: HTTP {exc.code} {exc.reason}", EXIT_UNREACHABLE) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise _fail(f"{url}: cannot reach the monitor: {reason}", EXIT_UNREACHABLE) from None
+
+    document = get()
+    if as_json and not watch:
+        typer.echo(json.dumps(document, indent=2, sort_keys=True))
+        return
+    console = Console()
+    if not watch:
+        console.print(status_table(document))
+        return
+    with Live(status_table(document), console=console, refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(1.0)
+                document = get()
+                if as_json:
+                    live.console.print_json(json.dumps(document))
+                else:
+                    live.update(status_table(document))
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,276 @@
+"""A cluster of real `migratory serve` processes on this machine, for tests and benchmarks.
+
+Member ``i`` listens on its own loopback address (127.0.0.<base+i>) with free ports,
+so a member's client, monitor and cluster ports never collide with another's and a
+test can reach each one separately. Members are separate process groups: a test can
+SIGKILL or SIGSTOP one member (its supervisor, agent and workers) as a whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LocalCluster", "MemberProcess", "free_ports"]
+
+
+def free_ports(host: str, count: int, consecutive: int = 1) -> list[int]:
+    """``count`` ports free on ``host``, each followed by ``consecutive - 1`` free ones."""
+    out: list[int] = []
+    while len(out) < count:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port + consecutive > 65535 or any(p in out for p in range(port, port + consecutive)):
+            continue
+        holders = []
+        try:
+            for extra in range(1, consecutive):
+                held = socket.socket()
+                holders.append(held)
+                held.bind((host, port + extra))
+        except OSError:
+            continue
+        finally:
+            for held in holders:
+                held.close()
+        out.append(port)
+    return out
+
+
+@dataclass
+class MemberProcess:
+    index: int
+    host: str
+    client_port: int
+    cluster_port: int
+    monitor_port: int
+    folder: Path
+    conf: Path
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path = field(default_factory=Path)
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.host}:{self.client_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.client_port}"
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://{self.host}:{self.monitor_port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class LocalCluster:
+    """``size`` members with one configuration each; start, kill, stop, stop and resume any of them."""
+
+    def __init__(
+        self,
+        folder: Path,
+        size: int,
+        *,
+        mode: str = "Standard",
+        workers: int = 1,
+        heartbeat_interval: int = 200,
+        heartbeat_timeout: int = 1000,
+        extra: Mapping[str, str] | None = None,
+        base: int = 1,
+        hosts: list[str] | None = None,
+        password: str = "cluster-test-password",
+        wrap: list[str] | None = None,
+    ) -> None:
+        self.folder = folder
+        self.size = size
+        self.mode = mode
+        self.wrap = wrap or []
+        self.members: list[MemberProcess] = []
+        hosts = hosts or [f"127.0.0.{base + i}" for i in range(size)]
+        for i, host in enumerate(hosts):
+            client, cluster, monitor = free_ports(host, 3, consecutive=2)
+            member_folder = folder / f"member-{i + 1}"
+            member_folder.mkdir(parents=True, exist_ok=True)
+            self.members.append(
+                MemberProcess(i, host, client, cluster, monitor, member_folder, member_folder / "migratorydata.conf")
+            )
+        members = ", ".join(f"{m.host}:{m.cluster_port}" for m in self.members)
+        for m in self.members:
+            lines = {
+                "Listen": f"{m.host}:{m.client_port}",
+                "MonitorHTTP.Listen": f"{m.host}:{m.monitor_port}",
+                "LogFolder": str(m.folder / "logs"),
+                "StateFolder": str(m.folder / "state"),
+                "Workers": str(workers),
+                "ClusterMembers": members,
+                "ClusterMemberListen": f"{m.host}:{m.cluster_port}",
+                "ClusterPassword": password,
+                "ClusterDeliveryMode": mode,
+                "ClusterHeartbeatInterval": str(heartbeat_interval),
+                "ClusterHeartbeatTimeout": str(heartbeat_timeout),
+                **dict(extra or {}),
+            }
+            m.conf.write_text("".join(f"{k} = {v}\n" for k, v in lines.items()))
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop_all()
+
+    def __getitem__(self, index: int) -> MemberProcess:
+        return self.members[index]
+
+    # --- processes --------------------------------------------------------------------
+
+    def start(self, index: int, conf: Path | None = None) -> MemberProcess:
+        member = self.members[index]
+        if member.alive:
+            raise RuntimeError(f"member {index} is running")
+        member.log = member.folder / f"stderr-{int(time.time() * 1000)}.log"
+        command = [*self.wrap, sys.executable, "-m", "migratory_cli.main", "serve", "-c", str(conf or member.conf)]
+        with member.log.open("wb") as err:
+            member.proc = subprocess.Popen(
+                command,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                start_new_session=True,
+            )
+        return member
+
+    def start_all(self, indices: Iterable[int] | None = None, ready_timeout: float = 30.0) -> None:
+        chosen = list(range(self.size) if indices is None else indices)
+        for index in chosen:
+            self.start(index)
+        self.wait_ready(chosen, ready_timeout)
+
+    def signal(self, index: int, sig: int) -> None:
+        """Send ``sig`` to every process of the member (supervisor, agent, workers)."""
+        member = self.members[index]
+        if member.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(member.proc.pid, sig)
+
+    def kill(self, index: int) -> None:
+        self.signal(index, signal.SIGKILL)
+        member = self.members[index]
+        if member.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                member.proc.wait(10)
+
+    def stop(self, index: int, timeout: float = 10.0) -> int | None:
+        member = self.members[index]
+        if member.proc is None:
+            return None
+        self.signal(index, signal.SIGCONT)
+        if member.proc.poll() is None:
+            member.proc.send_signal(signal.SIGTERM)
+            try:
+                member.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(index, signal.SIGKILL)
+                member.proc.wait(5)
+        self.signal(index, signal.SIGKILL)  # nothing of it may outlive the test
+        return member.proc.returncode
+
+    def stop_all(self) -> None:
+        for index in range(self.size):
+            self.stop(index)
+
+    # --- observing ----------------------------------------------------------------------
+
+    def health(self, index: int, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The member's /health document (None while it does not answer)."""
+        try:
+            with urllib.request.urlopen(self.members[index].http_url + "/health", timeout=timeout) as answer:
+                return dict(json.loads(answer.read()))
+        except urllib.error.HTTPError as exc:
+            with contextlib.suppress(ValueError):
+                return dict(json.loads(exc.read()))
+            return None
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def cluster(self, index: int, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The member's monitor /cluster document."""
+        try:
+            with urllib.request.urlopen(self.members[index].monitor_url + "/cluster", timeout=timeout) as answer:
+                return dict(json.loads(answer.read()))
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def snapshot(self, index: int, subject: str) -> dict[str, Any] | None:
+        url = f"{self.members[index].http_url}/snapshot?subject={urllib.request.quote(subject)}"
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return dict(json.loads(answer.read()))
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def ready(self, index: int) -> bool:
+        document = self.health(index)
+        return bool(document and document.get("ready"))
+
+    def wait_ready(self, indices: Iterable[int], timeout: float = 30.0) -> None:
+        chosen = list(indices)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for index in chosen:
+                member = self.members[index]
+                if member.proc is not None and member.proc.poll() is not None:
+                    raise RuntimeError(f"member {index} exited with {member.proc.returncode}: {self.stderr(index)}")
+            if all(self.ready(i) for i in chosen):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"members {chosen} not ready after {timeout} s: {[self.health(i) for i in chosen]}")
+
+    def wait_view(self, index: int, up: set[int], timeout: float = 30.0) -> dict[str, Any]:
+        """Wait until member ``index`` sees exactly ``up`` (itself included) up and ready."""
+        deadline = time.monotonic() + timeout
+        document: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            document = self.cluster(index)
+            if document is not None:
+                seen = {
+                    row["index"]
+                    for row in document["members"]
+                    if row["state"].startswith("this member, ready") or row["state"].startswith("up, ready")
+                }
+                if seen == up:
+                    return document
+            time.sleep(0.1)
+        raise TimeoutError(f"member {index} does not see {sorted(up)} ready: {document}")
+
+    def stderr(self, index: int) -> str:
+        log = self.members[index].log
+        try:
+            return log.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def server_log(self, index: int) -> str:
+        path = self.members[index].folder / "logs" / "server.log"
+        try:
+            return path.read_text(errors="replace")
+        except OSError:
+            return ""
