@@ -46,7 +46,7 @@ def test_delivery_round_trip(
 
 
 def test_status_frames_round_trip() -> None:
-    assert p.decode_server(p.encode_connected("1-2", 3)) == p.Connected(2, "1-2", 3)
+    assert p.decode_server(p.encode_connected("1-2", 3, max_message_size=9)) == p.Connected(2, "1-2", 3, 9)
     assert p.decode_server(p.encode_connected("1-2", 3, version=1)) == p.Connected(1, "1-2", 3)
     assert p.decode_server(p.encode_subscribe_status(p.Status.DENIED, "/a/b", "no")) == p.SubscribeStatus(
         p.Status.DENIED, "/a/b", "no"

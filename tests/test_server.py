@@ -446,7 +446,7 @@ def test_client_reconnects_and_resubscribes(server_factory: Callable[..., Server
             await asyncio.wait_for(_until(lambda: bool(received)), 5)
             assert received[-1].content == b"after-restart"
             kinds = [e.kind for e in events]
-            assert kinds.count(EventKind.SERVER_UP) == 2 and EventKind.SERVER_DOWN in kinds
+            assert kinds.count(EventKind.NOTIFY_SERVER_UP) == 2 and EventKind.NOTIFY_SERVER_DOWN in kinds
             assert received[-1].epoch == 2  # a restart starts a new epoch
         finally:
             await client.close()

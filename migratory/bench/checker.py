@@ -17,6 +17,7 @@ A history that breaks a rule is written to a JSON file and the violations return
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterable
@@ -132,7 +133,7 @@ def _check_one(history: History, acked: dict[str, list[tuple[bytes, float]]], gu
         if duplicates:
             out.append(f"{subject}: delivered twice: {sorted(d.decode(errors='replace') for d in duplicates)[:5]}")
         seqs = [seq for kind, _, seq, _, _ in items if kind != "SNAPSHOT"]
-        if any(b <= a for a, b in zip(seqs, seqs[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(seqs)):
             out.append(f"{subject}: seq not increasing: {seqs[:50]}")
         last: dict[str, int] = {}
         for content in contents:

@@ -1,59 +1,144 @@
-"""Read access.log and message.log (and their rotated files) into typed frames.
+"""Read access.log and message.log (their rotations, gzipped or not) into typed frames.
 
-Each line is parsed against the explicit schema by Spark's JSON source in
-PERMISSIVE mode; a line that is not JSON, has a wrongly typed field, no parseable ``ts``,
-no ``event`` or an unknown schema version is *corrupt*: it is counted per node
-and file kind and left out of every analysis, never fatal. Every directory
-given is one node; the node is kept on each row so that session ids (unique
-per node only) are keyed by node.
+Lines are split on ``\\n`` only (a stray ``\\r`` stays inside its line) and each one
+must be exactly one JSON object of the explicit schema. A line that is not JSON,
+is an array (``[{...},{...}]``, ``[]``), holds more than one value (``{...}{...}``,
+``{...} xyz``), has a wrongly typed field, no parseable ``ts``, no ``event`` or an
+unknown schema version is *corrupt*: it is counted per node and file kind, an
+example is kept, and it is left out of every analysis, never fatal. Blank lines
+are ignored.
+
+The check costs no second JSON parse of the fields: the line is parsed wrapped as
+``{"r": LINE}`` (anything after the object breaks that wrapper, except a closing
+``}`` or a ``,``) and its tokens are counted wrapped as ``[LINE]`` (which a closing
+``}`` or a ``,`` does break); together they accept exactly one object.
+
+Every directory given is one node; the node is kept on each row so that session
+ids (unique per node only) are keyed by node. The parse is persisted, with only
+the columns the analyses read, so every analysis starts from it.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from migratory_spark import SCHEMA_VERSION
 from migratory_spark.schema import ACCESS_SCHEMA, CORRUPT, MESSAGE_SCHEMA, TS_FORMAT
 
-__all__ = ["LogFrames", "log_paths", "read_logs", "typed"]
+__all__ = [
+    "ACCESS_COLUMNS",
+    "COMPRESSED",
+    "EXAMPLE_CHARS",
+    "MESSAGE_COLUMNS",
+    "LogFrames",
+    "corrupt_rows",
+    "escape_example",
+    "log_files",
+    "log_paths",
+    "parse_lines",
+    "read_logs",
+]
+
+# what Spark decompresses by itself (Hadoop codecs, chosen by the file name)
+COMPRESSED = (".gz", ".bz2")
+# the stored example of a corrupt line: at most this many characters, escaped
+EXAMPLE_CHARS = 200
+_EXAMPLE_BYTES = 4 * EXAMPLE_CHARS
+
+# the parsed columns kept (persisted) for the analyses, besides node, time, second
+ACCESS_COLUMNS = (
+    "event",
+    "session",
+    "addr",
+    "listener",
+    "protocol",
+    "tls",
+    "duration_ms",
+    "reason",
+    "subject",
+    "request",
+    "reason_code",
+    "method",
+    "path",
+    "status",
+    "bytes_out",
+)
+MESSAGE_COLUMNS = ("event", "subject", "size", "status", "recipients", "bytes_out", "latency_us", "sampling")
 
 
 @dataclass(frozen=True)
 class LogFrames:
-    """The parsed logs: good access and message rows, and corrupt-line counts."""
+    """The parsed logs: good access and message rows in the period, and what was left out.
+
+    ``overview`` has one row per file kind, node, state (``good``, ``outside`` the
+    period, ``corrupt``) and event: ``lines``, ``first``/``last`` second and, for
+    corrupt lines, ``example`` (the raw bytes of the smallest one, cut). One
+    collect of it reads and persists the logs and answers every count.
+    """
 
     access: DataFrame
     messages: DataFrame
-    corrupt: DataFrame  # kind, node, lines, example
+    corrupt: DataFrame  # kind, node, lines, example (raw bytes; see corrupt_rows)
+    overview: DataFrame
+    skipped: list[str] = field(default_factory=list)
+    persisted: tuple[DataFrame, ...] = ()
+
+    def unpersist(self) -> None:
+        for frame in self.persisted:
+            frame.unpersist()
 
 
 def _is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-def log_paths(dirs: Sequence[str], name: str) -> list[str]:
-    """``NAME`` and its rotations ``NAME.N`` in every directory (globbed by Spark for remote ones)."""
+def _is_rotation(entry: str, name: str) -> bool:
+    """``NAME`` or ``NAME.N``, either possibly compressed (``.gz``, ``.bz2``)."""
+    for suffix in COMPRESSED:
+        if entry.endswith(suffix):
+            entry = entry[: -len(suffix)]
+            break
+    return entry == name or (entry.startswith(name + ".") and entry[len(name) + 1 :].isdigit())
+
+
+def log_files(dirs: Sequence[str], name: str) -> tuple[list[str], list[str]]:
+    """``NAME``, ``NAME.N`` and their ``.gz``/``.bz2`` in every directory, and the ``NAME.*`` files skipped.
+
+    Remote folders (``hdfs://``, ``s3a://``) are globbed by Spark and never listed here.
+    """
     out: list[str] = []
+    skipped: list[str] = []
     for folder in dirs:
         if _is_remote(folder):
-            out.append(f"{folder.rstrip('/')}/{name}{{,.[0-9]*}}")
+            base = folder.rstrip("/")
+            out.append(f"{base}/{name}{{,.[0-9]*}}")  # NAME.N.gz matches too
+            out.append(f"{base}/{name}{{.gz,.bz2}}")
             continue
         local = folder.removeprefix("file://")
         if not os.path.isdir(local):
             raise FileNotFoundError(f"{folder}: not a directory")
         for entry in sorted(os.listdir(local)):
-            suffix = entry[len(name) :]
-            if entry == name or (entry.startswith(name + ".") and suffix[1:].isdigit()):
-                out.append("file://" + os.path.abspath(os.path.join(local, entry)))
-    return out
+            path = os.path.abspath(os.path.join(local, entry))
+            if _is_rotation(entry, name):
+                if os.path.isfile(path) and os.path.getsize(path) > 0:
+                    out.append("file://" + path)
+            elif entry.startswith(name + "."):
+                skipped.append(path)
+    return out, skipped
+
+
+def log_paths(dirs: Sequence[str], name: str) -> list[str]:
+    """The files (or, for remote folders, the globs) read for ``NAME`` in every directory."""
+    return log_files(dirs, name)[0]
 
 
 def _node(file_col: Column) -> Column:
@@ -61,11 +146,37 @@ def _node(file_col: Column) -> Column:
     return F.regexp_extract(file_col, r"^(?:file:(?://)?)?(.*)/[^/]+$", 1)
 
 
-def typed(rows: DataFrame) -> DataFrame:
-    """Rows parsed against a schema (with ``node``) -> plus ``time``, ``second``, ``session_key`` and a ``bad`` flag."""
-    rows = rows.withColumn("time", F.try_to_timestamp(F.col("ts"), F.lit(TS_FORMAT)))
+def parse_lines(lines: DataFrame, schema: StructType) -> DataFrame:
+    """Text lines (``value``) -> the schema's columns plus ``time``, ``second`` and a ``bad`` flag.
+
+    Blank lines are dropped; ``value`` is kept (the caller keeps it for corrupt lines only).
+    """
+    fields = [f for f in schema.fields if f.name != CORRUPT]
+    wrapped = StructType([StructField("r", StructType(fields)), StructField(CORRUPT, StringType())])
+    value = F.col("value")
+    parsed = F.from_json(
+        F.concat(F.lit('{"r":'), value, F.lit("}")),
+        wrapped,
+        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
+    )
+    # exactly one JSON value on the line: what the wrapper above lets through, this catches
+    single = F.coalesce(F.json_array_length(F.concat(F.lit("["), value, F.lit("]"))), F.lit(0)) == 1
+    rows = (
+        lines.where(F.btrim(value, F.lit(" \t\r")) != "")
+        .select("*", parsed.alias("_p"))
+        .select(
+            *[c for c in lines.columns],
+            *[F.col("_p.r").getField(f.name).alias(f.name) for f in fields],
+            F.col("_p").getField(CORRUPT).isNotNull().alias("_malformed"),
+            F.col("_p.r").isNull().alias("_missing"),
+            single.alias("_single"),
+        )
+        .withColumn("time", F.try_to_timestamp(F.col("ts"), F.lit(TS_FORMAT)))
+    )
     bad = (
-        F.col(CORRUPT).isNotNull()
+        F.col("_malformed")
+        | F.col("_missing")
+        | ~F.col("_single")
         | F.col("time").isNull()
         | F.col("event").isNull()
         | F.col("v").isNull()
@@ -74,32 +185,48 @@ def typed(rows: DataFrame) -> DataFrame:
     return (
         rows.withColumn("bad", bad)
         .withColumn("second", F.unix_seconds("time"))
-        .withColumn("session_key", F.concat_ws("|", "node", "session"))
+        .drop("_malformed", "_missing", "_single")
     )
 
 
-def _read_kind(spark: SparkSession, dirs: Sequence[str], name: str, schema: StructType) -> DataFrame:
-    """Spark's JSON source in PERMISSIVE mode: a line that does not fit lands in ``_corrupt``."""
-    paths = log_paths(dirs, name)
+def _read_kind(
+    spark: SparkSession,
+    paths: list[str],
+    schema: StructType,
+    kind: str,
+    keep: Sequence[str],
+    since: datetime | None,
+    until: datetime | None,
+) -> DataFrame:
+    """One kind of log, parsed and flagged: ``state`` is ``good``, ``outside`` (the period) or ``corrupt``."""
     if not paths:
-        return typed(spark.createDataFrame([], schema).withColumn("node", F.lit(None).cast("string")))
-    rows = (
-        spark.read.schema(schema)
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", CORRUPT)
-        .option("timeZone", "UTC")
-        .json(paths)
-        .withColumn("node", _node(F.col("_metadata.file_path")))
-    )
-    return typed(rows)
-
-
-def _window(frame: DataFrame, since: datetime | None, until: datetime | None) -> DataFrame:
+        empty = StructType([StructField("value", StringType()), StructField("node", StringType())])
+        lines = spark.createDataFrame([], empty)
+    else:
+        lines = (
+            spark.read.option("lineSep", "\n")
+            .text(paths)
+            .select("value", _node(F.col("_metadata.file_path")).alias("node"))
+        )
+    rows = parse_lines(lines, schema)
+    inside = F.lit(True)
     if since is not None:
-        frame = frame.where(F.col("time") >= F.lit(since))
+        inside = inside & (F.col("time") >= F.lit(since))
     if until is not None:
-        frame = frame.where(F.col("time") < F.lit(until))
-    return frame
+        inside = inside & (F.col("time") < F.lit(until))
+    state = F.when(F.col("bad"), "corrupt").when(inside, "good").otherwise("outside")
+    example = F.when(F.col("bad"), F.substring(F.col("value").cast("binary"), 1, _EXAMPLE_BYTES))
+    extra = [F.concat_ws("|", "node", "session").alias("session_key")] if "session" in keep else []
+    return rows.select(
+        F.lit(kind).alias("kind"),
+        "node",
+        state.alias("state"),
+        "time",
+        "second",
+        *keep,
+        *extra,
+        example.alias("example"),
+    )
 
 
 def read_logs(
@@ -110,23 +237,61 @@ def read_logs(
     persist: bool = True,
 ) -> LogFrames:
     """Parse every node's logs once; with ``persist`` the parse is kept for all analyses."""
-    access = _read_kind(spark, dirs, "access.log", ACCESS_SCHEMA)
-    messages = _read_kind(spark, dirs, "message.log", MESSAGE_SCHEMA)
+    access_files, access_skipped = log_files(dirs, "access.log")
+    message_files, message_skipped = log_files(dirs, "message.log")
+    access = _read_kind(spark, access_files, ACCESS_SCHEMA, "access", ACCESS_COLUMNS, since, until)
+    messages = _read_kind(spark, message_files, MESSAGE_SCHEMA, "message", MESSAGE_COLUMNS, since, until)
+    persisted: tuple[DataFrame, ...] = ()
     if persist:
         access = access.persist(StorageLevel.MEMORY_AND_DISK)
         messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
-    corrupt = (
-        access.where("bad")
-        .select(F.lit("access").alias("kind"), "node", CORRUPT, "ts")
-        .unionByName(messages.where("bad").select(F.lit("message").alias("kind"), "node", CORRUPT, "ts"))
-        .groupBy("kind", "node")
+        persisted = (access, messages)
+    columns = ["kind", "node", "state", "event", "second", "example"]
+    overview = (
+        access.select(*columns)
+        .unionByName(messages.select(*columns))
+        .groupBy("kind", "node", "state", F.when(F.col("state") != "corrupt", F.col("event")).alias("event"))
         .agg(
             F.count(F.lit(1)).alias("lines"),
-            F.min(F.substring(F.coalesce(CORRUPT, F.concat(F.lit("ts="), "ts")), 1, 200)).alias("example"),
+            F.min("second").alias("first"),
+            F.max("second").alias("last"),
+            F.min("example").alias("example"),
         )
     )
-    keep_access = [c for c in access.columns if c not in (CORRUPT, "bad")]
-    keep_messages = [c for c in messages.columns if c not in (CORRUPT, "bad")]
-    good_access = _window(access.where(~F.col("bad")).select(*keep_access), since, until)
-    good_messages = _window(messages.where(~F.col("bad")).select(*keep_messages), since, until)
-    return LogFrames(access=good_access, messages=good_messages, corrupt=corrupt)
+    corrupt = (
+        overview.where(F.col("state") == "corrupt")
+        .groupBy("kind", "node")
+        .agg(F.sum("lines").alias("lines"), F.min("example").alias("example"))
+    )
+    keep_access = ["node", "time", "second", *ACCESS_COLUMNS, "session_key"]
+    keep_messages = ["node", "time", "second", *MESSAGE_COLUMNS]
+    return LogFrames(
+        access=access.where(F.col("state") == "good").select(*keep_access),
+        messages=messages.where(F.col("state") == "good").select(*keep_messages),
+        corrupt=corrupt,
+        overview=overview,
+        skipped=sorted(access_skipped + message_skipped),
+        persisted=persisted,
+    )
+
+
+def escape_example(raw: bytes | bytearray | None) -> str | None:
+    """A corrupt line's bytes -> readable, valid text: bad UTF-8 as ``\\xNN``, control characters escaped, cut."""
+    if raw is None:
+        return None
+    text = bytes(raw).decode("utf-8", "backslashreplace")
+    text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    if len(text) > EXAMPLE_CHARS:
+        text = text[: EXAMPLE_CHARS - 1] + "…"
+    return text
+
+
+def corrupt_rows(rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """Collected ``corrupt`` rows -> plain dicts with the example escaped (see :func:`escape_example`)."""
+    out = []
+    for row in rows:
+        item = row.asDict() if hasattr(row, "asDict") else dict(row)
+        item["lines"] = int(item["lines"])
+        item["example"] = escape_example(item.get("example"))
+        out.append(item)
+    return sorted(out, key=lambda r: (r["kind"], r["node"]))
