@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -217,7 +218,7 @@ class LocalCluster:
             return None
 
     def snapshot(self, index: int, subject: str) -> dict[str, Any] | None:
-        url = f"{self.members[index].http_url}/snapshot?subject={urllib.request.quote(subject)}"
+        url = f"{self.members[index].http_url}/snapshot?subject={urllib.parse.quote(subject)}"
         request = urllib.request.Request(url, headers={"Accept": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=5) as answer:
