@@ -306,6 +306,7 @@ class MigratoryClient:
             status, reason = await self._publish_once(subject, data, fields, closure, retained, guaranteed, publish_id)
             if status is not Status.FAILED or attempt == retries or self._closing:
                 break
+            await asyncio.sleep(min(1.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
             with contextlib.suppress(TimeoutError):
                 await self.wait_connected()
         if status not in (Status.OK, Status.NO_SUBSCRIBER) and raise_on_error:

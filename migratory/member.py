@@ -240,7 +240,11 @@ class Member:
             self.wire.to_peer(member, TableFrame(self.table.version, self.table.members, self.table.epochs))
         if self.ready:
             self._announce(member, [g for g in range(GROUPS) if self.active[g]])
+        for claim in self._claims.values():
+            if member in claim.awaiting:  # it was not linked when we claimed, or the link broke since
+                self.wire.to_peer(member, SyncRequest(claim.request, tuple(claim.groups.items())))
         self._beat(member, now)
+        self._drain_waiting(now)
 
     def _announce(self, member: int, groups: list[int]) -> None:
         """Tell a peer which groups we coordinate, then the state of their subjects."""
@@ -401,6 +405,8 @@ class Member:
     def _sync_request(self, member: int, request: SyncRequest, now: float) -> None:
         for group, epoch in request.fence:
             self._fence(group, epoch, now)
+        if request.fence:
+            self._drain_waiting(now)
         if not request.reply:
             return
         self.counters["syncs_served"] += 1
@@ -448,9 +454,14 @@ class Member:
                 self.wire.to_workers(item.frame)
                 for waiter in item.waiters:
                     self._answer(waiter, Status.FAILED, "the coordinator changed; retry with the same publish id")
-        waiting, self._waiting = self._waiting, []
-        for pending in waiting:
-            self._route(pending, now)
+        self._drain_waiting(now)
+
+    def _drain_waiting(self, now: float) -> None:
+        """Route again the publications that waited for a coordinator (one may be known now)."""
+        if self._waiting:
+            waiting, self._waiting = self._waiting, []
+            for pending in waiting:
+                self._route(pending, now)
 
     def _claim(self, groups: dict[int, int], members: Iterable[int], now: float) -> None:
         """Become coordinator of ``groups`` at the given epochs: fence everyone, gather, merge."""
@@ -475,9 +486,7 @@ class Member:
             self.active[group] = True
         for member in list(self.peers):
             self._announce(member, groups)
-        waiting, self._waiting = self._waiting, []
-        for pending in waiting:
-            self._route(pending, now)
+        self._drain_waiting(now)
 
     def _rebalance(self, now: float) -> None:
         """Standard mode: claim the groups this member should coordinate among those it sees."""
@@ -518,6 +527,7 @@ class Member:
             self._maybe_complete(claim, now)
         if claimed:
             self._claim(claimed, table.members, now)
+        self._drain_waiting(now)
 
     def _dropped(self, now: float) -> None:
         """The table no longer lists us (we were cut off or hung): forget our state and rejoin."""
@@ -698,9 +708,15 @@ class Member:
         if not self.ready and self._join is None and now - self.started >= timeout:
             self._start_alone(now)
         for claim in list(self._claims.values()):
-            if not self.s.guaranteed and now >= claim.deadline:
+            if now < claim.deadline:
+                continue
+            if not self.s.guaranteed:
                 claim.awaiting.clear()  # Standard mode: go on with the members that answered
                 self._maybe_complete(claim, now)
+            else:  # Guaranteed mode waits for every member of the table; ask again in case a frame was lost
+                claim.deadline = now + self.s.heartbeat_timeout
+                for member in claim.awaiting & set(self.peers):
+                    self.wire.to_peer(member, SyncRequest(claim.request, tuple(claim.groups.items())))
         for request, pending in list(self._pending.items()):
             if now >= pending.deadline:
                 del self._pending[request]

@@ -61,7 +61,8 @@ class Net:
     def wire(self, me: int) -> _Wire:
         return _Wire(self, me)
 
-    def start(self, index: int) -> None:
+    def start(self, index: int, stagger: float = 0.0) -> None:
+        """Start member ``index``; with ``stagger``, its links come up one by one that many seconds apart."""
         settings = MemberSettings(
             index,
             self.size,
@@ -79,9 +80,11 @@ class Net:
         member.worker_up(0)
         if self.guaranteed and member.me < member.s.seeds:
             member.set_table(self.table, self.now)
-        for other in self.members:
-            if other != index and frozenset((index, other)) not in self.cut:
+        for other in list(self.members):
+            if other != index and frozenset((index, other)) not in self.cut and other in self.members:
                 self._link(index, other)
+                if stagger:
+                    self.run(stagger)
 
     def _link(self, a: int, c: int) -> None:
         self.links.add(frozenset((a, c)))

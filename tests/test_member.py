@@ -200,8 +200,9 @@ def test_guaranteed_refuses_publications_without_a_seed_majority() -> None:
 
 
 @settings(max_examples=int(os.environ.get("MIGRATORY_FAULT_EXAMPLES", "40")), deadline=None)
-@given(st.integers(0, 2**32), st.booleans())
-def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, partition: bool) -> None:
+@given(st.integers(0, 2**32), st.sampled_from(["kill", "partition", "restart"]))
+def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, fault: str) -> None:
+    partition = fault == "partition"
     rng = random.Random(seed)
     net = started(5, guaranteed=True)
     subjects = [f"/r/{i}" for i in range(6)]
@@ -220,6 +221,8 @@ def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, partit
                 net.partition(victim)
             else:
                 net.kill(victim)
+        if n == 40 and fault == "restart":
+            net.start(victim, stagger=rng.choice([0.0, 0.2, 1.0]))
         net.run(rng.choice([0.0, 0.1, 0.3]))
     net.run(3)
     # every publication gets an answer; publishers retry the failed ones with the same id
@@ -231,7 +234,7 @@ def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, partit
             if status in (Status.OK, Status.NO_SUBSCRIBER):
                 acked[subject].append(content)
             else:
-                alive = [i for i in net.members if i != victim]
+                alive = [i for i in net.members if i != victim or fault == "restart"]
                 retry_from = publisher if publisher in alive else alive[0]
                 still.append((retry_from, subject, content, pid, net.publish(retry_from, subject, content, pid)))
         net.run(1)
@@ -240,8 +243,10 @@ def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, partit
     if partition:
         net.heal()
         net.run(4)
+    net.run(3)
+    owners(net)  # every group ends with exactly one working coordinator
     for index in net.members:
-        if index == victim and not partition:
+        if index == victim and fault == "kill":
             continue
         for subject in subjects:
             got = contents(net, index, subject)

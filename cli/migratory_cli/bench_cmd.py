@@ -237,3 +237,63 @@ def logs_cmd(
     if as_json is not None:
         as_json.parent.mkdir(parents=True, exist_ok=True)
         as_json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+@app.command("failover")
+def failover_cmd(
+    rounds: int = typer.Option(1, "--rounds", min=1, help="Rounds per fault."),
+    fault: list[str] = typer.Option(
+        [], "--fault", help="Faults to inject (repeatable; default: all but partition-member without root)."
+    ),
+    size: int = typer.Option(3, "--members", min=3, help="Cluster members."),
+    mode: str = typer.Option("Guaranteed", "--mode", help="ClusterDeliveryMode: Guaranteed or Standard."),
+    folder: Path = typer.Option(Path("bench/failover-runs"), "--folder", help="Where the rounds' members keep files."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write every round and the summary here."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Run every round even after one failed."),
+) -> None:
+    """Fault-injection rounds against a local cluster; exit 1 if any history breaks a rule."""
+    import asyncio
+    import shutil
+
+    from migratory.bench import failover as fo
+    from migratory.bench.netns import available
+
+    faults = fault or [f for f in fo.FAULTS if f != "partition-member" or available()]
+    unknown = [f for f in faults if f not in fo.FAULTS]
+    if unknown:
+        _console.print(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(fo.FAULTS)}", markup=False)
+        raise typer.Exit(2)
+    if "partition-member" in faults and not available():
+        _console.print("partition-member needs root, iproute2 and nftables", markup=False)
+        raise typer.Exit(2)
+    results: list[fo.RoundResult] = []
+    failed = False
+    for n in range(rounds):
+        for name in faults:
+            place = folder / f"round-{n + 1}-{name}"
+            shutil.rmtree(place, ignore_errors=True)
+            result = asyncio.run(fo.run_round(place, name, size=size, mode=mode, seed=n))
+            results.append(result)
+            mark = "[green]ok[/]" if result.ok else "[red]VIOLATION[/]"
+            _console.print(
+                f"round {n + 1} {name:20} {mark} acked {result.acked:5} unacked {result.unacked:3} "
+                f"gap max {max(result.gaps, default=0):.3f} s recovered {sum(result.recovered):4} "
+                f"({result.seconds:.1f} s)"
+            )
+            if not result.ok:
+                failed = True
+                for violation in result.violations[:10]:
+                    _console.print(f"  {violation}", markup=False)
+                _console.print(f"  history kept in {result.history}", markup=False)
+                if not keep_going:
+                    break
+            else:
+                shutil.rmtree(place, ignore_errors=True)
+        if failed and not keep_going:
+            break
+    summary = fo.summary(results)
+    _console.print(summary)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({"summary": summary, "rounds": [r.as_dict() for r in results]}, indent=1))
+    raise typer.Exit(1 if failed else 0)

@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,17 +95,19 @@ class LocalCluster:
         extra: Mapping[str, str] | None = None,
         base: int = 1,
         hosts: list[str] | None = None,
+        ports: tuple[int, int, int] | None = None,
         password: str = "cluster-test-password",
-        wrap: list[str] | None = None,
+        wrap: Callable[[int], list[str]] | None = None,
     ) -> None:
         self.folder = folder
         self.size = size
         self.mode = mode
-        self.wrap = wrap or []
+        self.wrap = wrap
         self.members: list[MemberProcess] = []
         hosts = hosts or [f"127.0.0.{base + i}" for i in range(size)]
         for i, host in enumerate(hosts):
-            client, cluster, monitor = free_ports(host, 3, consecutive=2)
+            # in network namespaces each member has its own ports: the given ones are free there
+            client, cluster, monitor = ports or free_ports(host, 3, consecutive=2)
             member_folder = folder / f"member-{i + 1}"
             member_folder.mkdir(parents=True, exist_ok=True)
             self.members.append(
@@ -145,7 +147,8 @@ class LocalCluster:
         if member.alive:
             raise RuntimeError(f"member {index} is running")
         member.log = member.folder / f"stderr-{int(time.time() * 1000)}.log"
-        command = [*self.wrap, sys.executable, "-m", "migratory_cli.main", "serve", "-c", str(conf or member.conf)]
+        prefix = self.wrap(index) if self.wrap is not None else []
+        command = [*prefix, sys.executable, "-m", "migratory_cli.main", "serve", "-c", str(conf or member.conf)]
         with member.log.open("wb") as err:
             member.proc = subprocess.Popen(
                 command,

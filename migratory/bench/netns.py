@@ -1,0 +1,97 @@
+"""Network namespaces for cluster members, so a partition can be made (and healed) with nftables.
+
+Each member runs in its own namespace with one address on a bridge in the root
+namespace; the benchmark's clients stay in the root namespace and reach every member
+over the bridge. :meth:`Namespaces.partition` makes nftables in one member's namespace
+drop everything to and from the other members (its clients still reach it), and
+:meth:`Namespaces.heal` removes that rule. Needs root, iproute2 and nftables; every
+name carries a per-run tag, and :meth:`Namespaces.close` removes everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+
+__all__ = ["Namespaces", "available"]
+
+SUBNET = "10.203"
+
+
+def available() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("nft") is not None
+
+
+def _sh(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), input=stdin, capture_output=True, text=True, check=check, timeout=60)
+
+
+class Namespaces:
+    """``size`` namespaces ``mgc<tag>-<i>`` on bridge ``mgb<tag>`` (10.203.<net>.0/24)."""
+
+    def __init__(self, size: int, tag: str | None = None) -> None:
+        self.size = size
+        self.tag = tag or f"{os.getpid() % 10000}"
+        self.net = int(self.tag) % 250 + 1
+        self.bridge = f"mgb{self.tag}"
+        self.names = [f"mgc{self.tag}-{i}" for i in range(size)]
+        self.hosts = [f"{SUBNET}.{self.net}.{10 + i}" for i in range(size)]
+        self._made: list[str] = []
+        try:
+            self._create()
+        except Exception:
+            self.close()
+            raise
+
+    def _create(self) -> None:
+        _sh("ip", "link", "add", self.bridge, "type", "bridge")
+        self._made.append("bridge")
+        _sh("ip", "addr", "add", f"{SUBNET}.{self.net}.1/24", "dev", self.bridge)
+        _sh("ip", "link", "set", self.bridge, "up")
+        for i, (name, host) in enumerate(zip(self.names, self.hosts, strict=True)):
+            _sh("ip", "netns", "add", name)
+            self._made.append(name)
+            outer, inner = f"mgv{self.tag}o{i}", f"mgv{self.tag}i{i}"
+            _sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner, "netns", name)
+            _sh("ip", "link", "set", outer, "master", self.bridge)
+            _sh("ip", "link", "set", outer, "up")
+            _sh("ip", "-n", name, "addr", "add", f"{host}/24", "dev", inner)
+            _sh("ip", "-n", name, "link", "set", inner, "up")
+            _sh("ip", "-n", name, "link", "set", "lo", "up")
+        # bridged frames must not be filtered by the host's own firewall (br_netfilter), if any
+        with contextlib.suppress(OSError), open("/proc/sys/net/bridge/bridge-nf-call-iptables", "w") as knob:
+            knob.write("0")
+
+    def wrap(self, index: int) -> list[str]:
+        """Command prefix that runs a program in member ``index``'s namespace."""
+        return ["ip", "netns", "exec", self.names[index]]
+
+    def partition(self, index: int) -> None:
+        """Cut member ``index`` off from every other member (both directions)."""
+        others = ", ".join(h for i, h in enumerate(self.hosts) if i != index)
+        rules = f"""
+        table inet mgpartition {{
+          chain input {{ type filter hook input priority -10; policy accept; ip saddr {{ {others} }} drop; }}
+          chain output {{ type filter hook output priority -10; policy accept; ip daddr {{ {others} }} drop; }}
+        }}
+        """
+        _sh("ip", "netns", "exec", self.names[index], "nft", "-f", "-", stdin=rules)
+
+    def heal(self, index: int) -> None:
+        _sh("ip", "netns", "exec", self.names[index], "nft", "delete", "table", "inet", "mgpartition", check=False)
+
+    def close(self) -> None:
+        for name in self.names:
+            if name in self._made:
+                _sh("ip", "netns", "delete", name, check=False)
+        if "bridge" in self._made:
+            _sh("ip", "link", "delete", self.bridge, check=False)
+        self._made.clear()
+
+    def __enter__(self) -> Namespaces:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
