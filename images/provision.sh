@@ -12,6 +12,11 @@ migratory config check /etc/migratorydata/migratorydata.conf
 systemctl enable migratorydata.service
 
 ports=$(echo "${PORTS:-8800}" | tr ' ' ',')
+# A cluster member: its cluster port(s) open to the other listed members only.
+cluster_rules=""
+if grep -q '^[[:space:]]*ClusterMembers[[:space:]]*=' /etc/migratorydata/migratorydata.conf; then
+    cluster_rules=$(migratory cluster firewall /etc/migratorydata/migratorydata.conf | sed 's/^/        /')
+fi
 cat > /etc/nftables.conf <<EOF
 #!/usr/sbin/nft -f
 # Written by the migratorydata image build: SSH and the server's ports, nothing else.
@@ -25,6 +30,7 @@ table inet filter {
         meta l4proto { 1, 58 } accept  # icmp, ipv6-icmp (by number: minbase has no /etc/protocols)
         tcp dport 22 accept
         tcp dport { $ports } accept
+$cluster_rules
     }
     chain forward {
         type filter hook forward priority 0; policy drop;

@@ -33,6 +33,9 @@ def utc_timestamp(when: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 
+MAX_QUEUED_LINES = 100_000
+
+
 class JsonLineWriter:
     """Appends JSON objects as lines to ``folder/name``, rotating by size."""
 
@@ -63,27 +66,41 @@ class JsonLineWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Write every pending line, rotating first when the file would grow past the limit."""
+        """Write every pending line, rotating first when the file would grow past the limit.
+
+        When writing fails (a full disk, a folder that became read-only), the lines that
+        were not written stay queued (at most MAX_QUEUED_LINES, the oldest dropped first)
+        and the error is raised for the caller to report; the next flush tries again.
+        """
         if not self._lines or self._fd < 0:
             return
         lines = self._lines
         self._lines = []
         self._pending = 0
-        self._follow_rotation()
-        size = os.fstat(self._fd).st_size
-        batch: list[bytes] = []
-        batch_size = 0
-        for line in lines:
-            if size + batch_size + len(line) > self.max_bytes and size + batch_size > 0:
-                if batch:
-                    os.write(self._fd, b"".join(batch))
-                    batch, batch_size = [], 0
-                self._rotate(len(line))
-                size = os.fstat(self._fd).st_size
-            batch.append(line)
-            batch_size += len(line)
-        if batch:
-            os.write(self._fd, b"".join(batch))
+        written = 0
+        try:
+            self._follow_rotation()
+            size = os.fstat(self._fd).st_size
+            batch: list[bytes] = []
+            batch_size = 0
+            for line in lines:
+                if size + batch_size + len(line) > self.max_bytes and size + batch_size > 0:
+                    if batch:
+                        os.write(self._fd, b"".join(batch))
+                        written += len(batch)
+                        batch, batch_size = [], 0
+                    self._rotate(len(line))
+                    size = os.fstat(self._fd).st_size
+                batch.append(line)
+                batch_size += len(line)
+            if batch:
+                os.write(self._fd, b"".join(batch))
+                written += len(batch)
+        except OSError:
+            keep = (lines[written:] + self._lines)[-MAX_QUEUED_LINES:]
+            self._lines = keep
+            self._pending = sum(len(line) for line in keep)
+            raise
 
     def _follow_rotation(self) -> None:
         """Reopen when another process has rotated our file away."""
@@ -124,6 +141,7 @@ class JsonLineHandler(logging.Handler):
     def __init__(self, writer: JsonLineWriter) -> None:
         super().__init__()
         self.writer = writer
+        self.failures = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -142,7 +160,9 @@ class JsonLineHandler(logging.Handler):
             self.writer.write(payload)
             self.writer.flush()  # server.log is rare and read by people: no delay
         except Exception:
-            self.handleError(record)
+            # The line stays queued for the next flush and the console handler still shows
+            # it; logging's own handleError would print a traceback on the console.
+            self.failures += 1
 
     def close(self) -> None:
         self.writer.close()

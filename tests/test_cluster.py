@@ -350,3 +350,45 @@ def test_a_killed_member_restarts_and_resynchronises_before_it_is_ready(cluster3
     for subject in subjects:
         snapshot = cluster.snapshot(1, subject)
         assert snapshot is not None and snapshot["content"] == "v2" and snapshot["seq"] == 2
+
+
+@pytest.mark.skipif(
+    not __import__("migratory.bench.netns", fromlist=["available"]).available(), reason="needs root and nftables"
+)
+@pytest.mark.parametrize("fault", ["partition-member", "kill-coordinator", "stop-member"])
+def test_standard_mode_heals_every_fault_without_manual_action(tmp_path: Path, fault: str) -> None:
+    """A member cut off by nftables in its own network namespace (or killed, or hung) comes back in line."""
+    from migratory.bench import failover
+
+    result = run(failover.run_round(tmp_path, fault, size=3, mode="Standard", seed=3), timeout=280)
+    assert isinstance(result, failover.RoundResult)
+    assert result.ok, f"{result.violations[:10]} (history kept in {result.history})"
+
+
+def test_cluster_firewall_rules_open_the_cluster_ports_to_members_only(tmp_path: Path) -> None:
+    conf = tmp_path / "seed.conf"
+    conf.write_text(
+        "ClusterMembers = 10.9.0.1:9100, 10.9.0.2:9100, 10.9.0.3:9100, 10.9.0.4:9100\n"
+        "ClusterMemberListen = 10.9.0.2:9100\nClusterPassword = long-enough-pw\nClusterDeliveryMode = Guaranteed\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "migratory_cli.main", "cluster", "firewall", str(conf)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    rules = [line for line in out.stdout.splitlines() if not line.startswith("#")]
+    assert rules == [
+        "ip saddr { 10.9.0.1, 10.9.0.3, 10.9.0.4 } tcp dport 9100 accept",
+        "ip saddr { 10.9.0.1, 10.9.0.3 } tcp dport 9101 accept",  # the other seeds' consensus
+    ]
+    import shutil
+
+    if shutil.which("nft"):
+        table = "table inet t {\n chain input {\n type filter hook input priority 0;\n" + "\n".join(rules) + "\n }\n}\n"
+        check = subprocess.run(["nft", "-c", "-f", "-"], input=table, capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+    plain = tmp_path / "plain.conf"
+    plain.write_text("Listen = 127.0.0.1:8800\n")
+    refused = subprocess.run(
+        [sys.executable, "-m", "migratory_cli.main", "cluster", "firewall", str(plain)], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "ClusterMembers is not set" in refused.stderr

@@ -297,3 +297,61 @@ def failover_cmd(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps({"summary": summary, "rounds": [r.as_dict() for r in results]}, indent=1))
     raise typer.Exit(1 if failed else 0)
+
+
+@app.command("cluster")
+def cluster_cmd(
+    members: list[int] = typer.Option([1, 3], "--members", help="Cluster sizes to compare (1: a single server)."),
+    mode: str = typer.Option("Standard", "--mode", help="ClusterDeliveryMode: Standard or Guaranteed."),
+    compare_modes: bool = typer.Option(False, "--compare-modes", help="Also run the largest size in the other mode."),
+    workers: int = typer.Option(1, "--workers", help="Workers per member."),
+    clients: int = typer.Option(1000, "--clients", help="Subscribers in the fan-out workload."),
+    subjects: int = typer.Option(10, "--subjects", help="Subjects (each client subscribes to one)."),
+    size: int = typer.Option(64, "--size", help="Message size in bytes."),
+    rate: float = typer.Option(0.0, "--rate", help="Messages per second (0: saturation, closed loop)."),
+    messages: int = typer.Option(2000, "--messages", help="Messages published."),
+    failover_clients: int = typer.Option(
+        1000, "--failover-clients", help="Clients for the SIGKILL failover (0: skip)."
+    ),
+    folder: Path = typer.Option(Path("bench/cluster-runs"), "--folder", help="Where the members keep their files."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the reports here."),
+) -> None:
+    """The same fan-out on 1 server and on N members in one run, then client failover time after SIGKILL."""
+    import shutil
+
+    from migratory.bench import clusterbench
+
+    reports: list[Report] = []
+    runs = [(n, mode) for n in members]
+    if compare_modes:
+        other = "Guaranteed" if mode == "Standard" else "Standard"
+        runs.append((max(members), other))
+    for n, run_mode in runs:
+        place = folder / f"fanout-{n}-{run_mode}"
+        shutil.rmtree(place, ignore_errors=True)
+        report = clusterbench.fanout(
+            place,
+            n,
+            mode=run_mode,
+            workers=workers,
+            clients=clients,
+            subjects=subjects,
+            size=size,
+            rate=rate,
+            messages=messages,
+        )
+        reports.append(report)
+        shutil.rmtree(place, ignore_errors=True)
+    _console.print(_table(reports))
+    document: dict[str, object] = {"fanout": [r.as_dict() for r in reports]}
+    if failover_clients:
+        place = folder / "failover"
+        shutil.rmtree(place, ignore_errors=True)
+        times = clusterbench.failover(place, members=max(3, max(members)), clients=failover_clients, mode=mode)
+        summary = times.summary()
+        document["failover"] = summary
+        _console.print(f"failover after SIGKILL: {summary}")
+        shutil.rmtree(place, ignore_errors=True)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(document, indent=1))

@@ -235,3 +235,43 @@ def status_cmd(
                     live.update(status_table(document))
         except KeyboardInterrupt:
             pass
+
+
+def firewall_rules(path: Path) -> list[str]:
+    """nftables rules (for an input chain) opening this member's cluster ports to the other members only."""
+    import socket
+
+    config = load_or_exit(path)
+    if not config.clustered or config.cluster_member_listen is None:
+        raise _fail(f"{path}: ClusterMembers is not set; there is no cluster port to open")
+    me = config.cluster_member_listen
+    sources: dict[str, set[str]] = {"ip": set(), "ip6": set()}
+    seeds: dict[str, set[str]] = {"ip": set(), "ip6": set()}
+    for index, member in enumerate(config.cluster_members):
+        if member == me:
+            continue
+        try:
+            infos = socket.getaddrinfo(member.host, member.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise _fail(f"{path}: ClusterMembers: cannot resolve {member.host}: {exc}") from None
+        for family, *_, address in infos:
+            key = "ip6" if family == socket.AF_INET6 else "ip"
+            sources[key].add(str(address[0]))
+            if index < config.seed_count:
+                seeds[key].add(str(address[0]))
+    rules = [f"# cluster port of member {me}: the other members only (migratory cluster firewall)"]
+    for key in ("ip", "ip6"):
+        if sources[key]:
+            rules.append(f"{key} saddr {{ {', '.join(sorted(sources[key]))} }} tcp dport {me.port} accept")
+    if config.member_index < config.seed_count:  # Guaranteed mode: the seeds' consensus on port + 1
+        for key in ("ip", "ip6"):
+            if seeds[key]:
+                rules.append(f"{key} saddr {{ {', '.join(sorted(seeds[key]))} }} tcp dport {me.port + 1} accept")
+    return rules
+
+
+@app.command("firewall")
+def firewall_cmd(path: Path = typer.Argument(..., help="This member's migratorydata.conf.")) -> None:
+    """Print nftables rules that open this member's cluster port(s) to the listed members only."""
+    for rule in firewall_rules(path):
+        typer.echo(rule)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from migratory.bench.loader import BUCKETS, LoaderSpec, bucket_upper_ns, loader_main
-from migratory.bench.servers import ProcessMeter, SpawnedServer, spawn
+from migratory.bench.servers import MultiMeter, ProcessMeter, SpawnedServer, spawn
 from migratory.bench.wire import Codec, codec_for
 
 __all__ = ["BROADCAST_TARGETS", "BenchConfig", "Report", "run"]
@@ -41,6 +41,8 @@ class BenchConfig:
     idle_seconds: float = 0.0
     drain_timeout: float = 60.0
     disconnect: bool = False  # storm: disconnect everyone at the end and measure memory again
+    endpoints: list[tuple[str, int]] = field(default_factory=list)  # a cluster: loader i uses endpoints[i % n]
+    server_pids: list[int] = field(default_factory=list)  # a cluster: every member's supervisor
 
 
 @dataclass
@@ -138,7 +140,9 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
     report = Report(
         config.target, config.clients, config.subjects, config.subjects_per_client, config.size, config.rate
     )
-    meter = ProcessMeter(config.server_pid) if config.server_pid else None
+    meter: ProcessMeter | MultiMeter | None = ProcessMeter(config.server_pid) if config.server_pid else None
+    if config.server_pids:
+        meter = MultiMeter([ProcessMeter(pid) for pid in config.server_pids])
     if meter is not None:
         time.sleep(0.5)
         report.server_rss_mb_before = meter.rss_bytes() / 2**20
@@ -150,10 +154,11 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
         if not members:
             continue
         parent, child = context.Pipe()
+        host, port = config.endpoints[index % len(config.endpoints)] if config.endpoints else (config.host, config.port)
         spec = LoaderSpec(
             config.target,
-            config.host,
-            config.port,
+            host,
+            port,
             config.sources[index % len(config.sources)],
             [_subjects_of(config, c) for c in members],
         )

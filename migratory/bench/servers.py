@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ProcessMeter", "SpawnedServer", "spawn"]
+__all__ = ["MultiMeter", "ProcessMeter", "SpawnedServer", "spawn"]
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -66,6 +66,23 @@ class ProcessMeter:
             except OSError:
                 continue
         return total
+
+
+@dataclass
+class MultiMeter:
+    """Several servers measured as one (the members of a cluster)."""
+
+    meters: list[ProcessMeter]
+
+    def cpu_seconds(self) -> float:
+        return sum(m.cpu_seconds() for m in self.meters)
+
+    def cpu_split(self) -> tuple[float, float]:
+        splits = [m.cpu_split() for m in self.meters]
+        return sum(u for u, _ in splits), sum(s for _, s in splits)
+
+    def rss_bytes(self) -> int:
+        return sum(m.rss_bytes() for m in self.meters)
 
 
 @dataclass

@@ -311,10 +311,15 @@ def run(config: Config, config_path: str = "") -> int:
         os.getpid(),
     )
     if workers == 1 and not config.clustered:
-        _worker_main(config, per_worker[0], epoch=epoch, tls=tls)
+        try:
+            _worker_main(config, per_worker[0], epoch=epoch, tls=tls)
+        except OSError as exc:  # a log that cannot be opened, ...
+            print(f"{config_path}: cannot start: {exc}", file=sys.stderr)
+            log.error("cannot start: %s", exc)
+            return 2
         log.info("server stopped")
         return 0
-    return _supervise(config, per_worker, epoch, tls, member_sock)
+    return _supervise(config, per_worker, epoch, tls, member_sock, config_path)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -327,6 +332,13 @@ def _die_with_parent(parent: int) -> None:
 
 
 PR_SET_PDEATHSIG = 1
+EXIT_CANNOT_START = 2
+QUICK_DEATH = 5.0  # seconds: a child that dies sooner than this after its start did not really start
+MAX_QUICK_DEATHS = 5
+
+
+def role_name(index: int, workers: int) -> str:
+    return f"worker {index}" if index < workers else "member agent"
 
 
 def _supervise(
@@ -335,6 +347,7 @@ def _supervise(
     epoch: int,
     tls: ssl.SSLContext | None,
     member_sock: socket.socket | None = None,
+    config_path: str = "",
 ) -> int:
     workers = len(per_worker)
     namespace = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -391,8 +404,12 @@ def _supervise(
                         incarnation=incarnation,
                         secret=secret,
                     )
+            except OSError as exc:  # cannot open a log, bind, ...: the same at every restart
+                print(f"{role_name(index, workers)} cannot start: {exc}", file=sys.stderr)
+                log.error("%s cannot start: %s", role_name(index, workers), exc)
+                code = EXIT_CANNOT_START
             except BaseException:
-                log.exception("%s failed", f"worker {index}" if index < workers else "member agent")
+                log.exception("%s failed", role_name(index, workers))
                 code = 1
             finally:
                 logging.shutdown()
@@ -405,13 +422,32 @@ def _supervise(
         nonlocal stopping
         if signum in (signal.SIGTERM, signal.SIGINT):
             stopping = True
+        elif signum == signal.SIGHUP and tls is not None:
+            _reload_certificate(tls, config)  # so that a worker started later serves the new one too
         for pid in list(children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM if signum != signal.SIGHUP else signal.SIGHUP)
 
+    def stop_all(reason: str, code: int) -> int:
+        nonlocal stopping
+        stopping = True
+        print(reason, file=sys.stderr)
+        log.error("%s", reason)
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        while children:
+            try:
+                pid, _ = os.wait()
+            except ChildProcessError:
+                break
+            children.pop(pid, None)
+        return code
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     incarnations = [0] * children_count
+    quick_deaths = [0] * children_count
     for index in range(children_count):
         spawn(index, 0)
     while children:
@@ -422,14 +458,21 @@ def _supervise(
         index = children.pop(pid, -1)
         if index < 0 or stopping:
             continue
-        how = (
-            f"signal {-os.waitstatus_to_exitcode(status)}"
-            if os.WIFSIGNALED(status)
-            else f"code {os.waitstatus_to_exitcode(status)}"
-        )
-        role = f"worker {index}" if index < workers else "member agent"
+        code = os.waitstatus_to_exitcode(status)
+        role = role_name(index, workers)
+        if code == EXIT_CANNOT_START:  # it said why on stderr: restarting would fail the same way
+            return stop_all(f"{config_path or 'the server'}: {role} cannot start; stopping (see above)", 2)
+        how = f"signal {-code}" if os.WIFSIGNALED(status) else f"code {code}"
+        lived = time.monotonic() - started.get(index, 0.0)
+        quick_deaths[index] = quick_deaths[index] + 1 if lived < QUICK_DEATH else 0
+        if quick_deaths[index] >= MAX_QUICK_DEATHS:
+            return stop_all(
+                f"{config_path or 'the server'}: {role} died {MAX_QUICK_DEATHS} times in a row within "
+                f"{QUICK_DEATH:.0f} s of starting (last: {how}); stopping",
+                1,
+            )
         log.warning("%s (pid %d) died with %s; restarting it", role, pid, how)
-        if time.monotonic() - started.get(index, 0.0) < 1.0:
+        if lived < 1.0:
             time.sleep(1.0)  # do not spin on a worker that dies at start
         incarnations[index] += 1
         if not stopping:

@@ -141,6 +141,7 @@ class Stats:
     denied: int = 0
     messages_recovered: int = 0
     resyncs: int = 0
+    timer_errors: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -212,6 +213,7 @@ class Engine:
         self._snapshot_frames: dict[str, tuple[int, bytes]] = {}
         self._wheel: dict[int, set[Connection]] = {}
         self._tick: asyncio.TimerHandle | None = None
+        self._timer_error_logged: dict[str, float] = {}
         self._closed = False
         self.on_tick: list[Callable[[], None]] = []
 
@@ -327,22 +329,36 @@ class Engine:
         conn.wheel_at = 0
 
     def _housekeeping(self) -> None:
-        now = self.loop.time()
-        for second in [s for s in self._wheel if s <= now]:
-            for conn in self._wheel.pop(second):
-                conn.wheel_at = 0
-                if conn.open:
-                    conn.on_timer(now)
-        for writer in (self.access_log, self.message_log):
-            if writer is not None:
-                writer.flush()
-        if self._forwards:
-            self._expire_forwards(now)
-        self.replica.expire(now)
-        for callback in self.on_tick:
-            callback()
-        if not self._closed:
-            self._tick = self.loop.call_later(1.0, self._housekeeping)
+        """The one-second tick. No failure of one duty may stop the others, or the tick itself."""
+        try:
+            now = self.loop.time()
+            for second in [s for s in self._wheel if s <= now]:
+                for conn in self._wheel.pop(second):
+                    conn.wheel_at = 0
+                    if conn.open:
+                        self._guard("connection timer", conn.on_timer, now)
+            for writer in (self.access_log, self.message_log):
+                if writer is not None:
+                    self._guard(f"writing {writer.path.name}", writer.flush)
+            if self._forwards:
+                self._guard("forward time-outs", self._expire_forwards, now)
+            self._guard("cache expiry", self.replica.expire, now)
+            for callback in self.on_tick:
+                self._guard(getattr(callback, "__qualname__", "tick callback"), callback)
+        finally:
+            if not self._closed:
+                self._tick = self.loop.call_later(1.0, self._housekeeping)
+
+    def _guard(self, what: str, call: Callable[..., object], *args: object) -> None:
+        """Run one housekeeping duty; a failure is counted and logged (once a minute per duty), never raised."""
+        try:
+            call(*args)
+        except Exception as exc:
+            self.stats.timer_errors += 1
+            now = self.loop.time()
+            if now - self._timer_error_logged.get(what, -1e9) >= 60.0:
+                self._timer_error_logged[what] = now
+                log.error("housekeeping: %s failed (%s: %s); retrying every second", what, type(exc).__name__, exc)
 
     # --- subscribe ------------------------------------------------------------------
 

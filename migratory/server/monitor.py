@@ -80,13 +80,16 @@ class Monitor:
 
     def stats(self) -> dict[str, Any]:
         now = int(time.time())
-        return {
+        document: dict[str, Any] = {
             "uptime_s": int(time.time() - self.started),
             "workers": self.engine.workers,
             "epoch": self.engine.epoch,
             "totals": self.shared.totals(),
             "indicators": self.node.report(now),
         }
+        if self.engine.cluster:
+            document["cluster"] = cluster_document(self.engine)
+        return document
 
     def metrics(self) -> str:
         lines = []

@@ -1,0 +1,187 @@
+"""Cluster benchmarks: the same fan-out on one server and on a cluster, and client failover time.
+
+``fanout`` runs the ``migratory bench run`` workload against one server or against a
+local cluster (subscribers spread over the members by load-generator process, the
+publisher on the first member) and measures the CPU of every member together, so
+the cost of replication per message is the difference of the two, measured in one
+run. ``failover`` connects many clients (the client library, in several processes so
+the load generator is not the bottleneck) to a cluster, SIGKILLs one member, and
+times each of its clients from the kill until it is connected to another member and
+has the current state of its subject (NOTIFY_DATA_RESYNC and the snapshot in
+Standard mode, NOTIFY_DATA_SYNC in Guaranteed mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from migratory.bench.cluster import LocalCluster
+from migratory.bench.runner import BenchConfig, Report, run
+from migratory.bench.servers import spawn
+from migratory.client import EventKind, MigratoryClient, StatusEvent
+from migratory.protocol import Status
+
+__all__ = ["FailoverTimes", "failover", "fanout"]
+
+QUIET = {"MessageLog": "false", "AccessLog": "false", "KeepAliveInterval": "3600000", "MaxPendingOutput": "64MB"}
+
+
+def fanout(
+    folder: Path,
+    members: int,
+    *,
+    mode: str = "Standard",
+    workers: int = 1,
+    clients: int = 1000,
+    subjects: int = 10,
+    size: int = 64,
+    rate: float = 0.0,
+    messages: int = 2000,
+    processes: int = 2,
+) -> Report:
+    """One fan-out workload against one server (``members == 1``) or a local cluster."""
+    config = BenchConfig(
+        target="migratory",
+        clients=clients,
+        subjects=subjects,
+        size=size,
+        rate=rate,
+        messages=messages,
+        processes=processes,
+        burst=max(1, subjects * 5),
+    )
+    if members == 1:
+        server = spawn("migratory", "127.0.0.1", workers)
+        try:
+            config.host, config.port, config.server_pid = server.host, server.port, server.proc.pid
+            report = run(config)
+        finally:
+            server.stop()
+        report.target = "migratory (1 server)"
+        return report
+    with LocalCluster(folder, members, mode=mode, workers=workers, extra=QUIET) as cluster:
+        cluster.start_all(ready_timeout=60)
+        for index in range(members):
+            cluster.wait_view(index, set(range(members)), timeout=60)
+        config.host, config.port = cluster[0].host, cluster[0].client_port
+        config.endpoints = [(m.host, m.client_port) for m in cluster.members]
+        config.server_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
+        config.processes = max(processes, members)
+        report = run(config)
+    report.target = f"migratory ({members} members, {mode})"
+    return report
+
+
+@dataclass
+class FailoverTimes:
+    clients: int
+    victims: int
+    times: list[float]
+    errors: list[str]
+
+    def summary(self) -> dict[str, Any]:
+        ordered = sorted(self.times)
+
+        def pick(q: float) -> float:
+            return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 3) if ordered else 0.0
+
+        return {
+            "clients": self.clients,
+            "clients_on_the_killed_member": self.victims,
+            "failed_over": len(self.times),
+            "p50_s": pick(0.5),
+            "p99_s": pick(0.99),
+            "max_s": round(max(ordered, default=0.0), 3),
+            "errors": self.errors[:10],
+        }
+
+
+def _client_process(urls: list[str], count: int, first: int, subjects: list[str], pipe: Connection) -> None:
+    asyncio.run(_clients(urls, count, first, subjects, pipe))
+
+
+async def _clients(urls: list[str], count: int, first: int, subjects: list[str], pipe: Connection) -> None:
+    killed = [0.0]
+    victim = [""]
+    done: dict[int, float] = {}
+
+    def listener(i: int) -> Any:
+        def on_status(event: StatusEvent) -> None:
+            if killed[0] and i not in done and event.kind in (EventKind.NOTIFY_DATA_RESYNC, EventKind.NOTIFY_DATA_SYNC):
+                done[i] = time.monotonic() - killed[0]
+
+        return on_status
+
+    servers: list[str | tuple[str, float]] = [(url, 100.0) for url in urls]
+    clients = [
+        MigratoryClient(servers, on_status=listener(i), backoff_initial=0.05, backoff_max=2.0, request_timeout=30)
+        for i in range(count)
+    ]
+    for start in range(0, count, 50):
+        await asyncio.gather(*(c.connect(60) for c in clients[start : start + 50]))
+    for i, client in enumerate(clients):
+        await client.subscribe([subjects[(first + i) % len(subjects)]])
+    pipe.send(("ready", [c.server for c in clients]))
+    loop = asyncio.get_running_loop()
+    command = await loop.run_in_executor(None, pipe.recv)
+    killed[0], victim[0] = command[1], command[2]
+    mine = [i for i, c in enumerate(clients) if c.server == victim[0]]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(i in done for i in mine):
+        await asyncio.sleep(0.05)
+    pipe.send(("times", [done[i] for i in mine if i in done], len(mine)))
+    for client in clients:
+        await client.close()
+
+
+def failover(
+    folder: Path, *, members: int = 3, clients: int = 1000, processes: int = 4, mode: str = "Standard", workers: int = 2
+) -> FailoverTimes:
+    """SIGKILL one member under ``clients`` clients; time each of its clients back to a current state."""
+    subjects = [f"/failover/s{i}" for i in range(10)]
+    context = multiprocessing.get_context("fork")
+    with LocalCluster(folder, members, mode=mode, workers=workers, extra=QUIET) as cluster:
+        cluster.start_all(ready_timeout=60)
+        for index in range(members):
+            cluster.wait_view(index, set(range(members)), timeout=60)
+        urls = [m.ws_url for m in cluster.members]
+        pipes = []
+        share = clients // processes
+        for p in range(processes):
+            parent, child = context.Pipe()
+            proc = context.Process(target=_client_process, args=(urls, share, p * share, subjects, child), daemon=True)
+            proc.start()
+            pipes.append((proc, parent))
+        placements: list[str] = []
+        for _, pipe in pipes:
+            placements.extend(pipe.recv()[1])
+
+        async def publish(value: bytes) -> None:
+            async with MigratoryClient([urls[0]]) as publisher:
+                for subject in subjects:
+                    status = await publisher.publish(subject, value, guaranteed=mode == "Guaranteed", retries=5)
+                    assert status in (Status.OK, Status.NO_SUBSCRIBER), status
+
+        asyncio.run(publish(b"before"))
+        time.sleep(1.0)
+        victim = members - 1
+        killed_at = time.monotonic()
+        cluster.kill(victim)
+        for _, pipe in pipes:
+            pipe.send(("killed", killed_at, urls[victim]))
+        asyncio.run(publish(b"after"))
+        times: list[float] = []
+        victims = 0
+        for proc, pipe in pipes:
+            message = pipe.recv()
+            times.extend(message[1])
+            victims += message[2]
+            proc.join(30)
+    errors = [] if len(times) == victims else [f"{victims - len(times)} clients did not fail over in 60 s"]
+    return FailoverTimes(len(placements), victims, times, errors)

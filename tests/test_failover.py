@@ -1,0 +1,206 @@
+"""Guaranteed delivery on real processes: recovery after failover, quorum, and the fault-injection suite.
+
+Each fault of migratory/bench/failover.py runs here a few times on 3 members and once on
+5; `migratory bench failover --rounds 50` runs the same rounds many more times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from migratory.bench import failover
+from migratory.bench.cluster import LocalCluster
+from migratory.bench.netns import available
+from migratory.client import EventKind, MigratoryClient, StatusEvent
+from migratory.config import Config, ConfigError
+from migratory.message import MessageType
+from migratory.protocol import Status
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = int(os.environ.get("MIGRATORY_FAULT_ROUNDS", "2"))
+
+
+def run(coro: object, timeout: float = 240) -> object:
+    return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
+
+
+def test_guaranteed_needs_three_members_and_valid_seeds() -> None:
+    two = "ClusterMembers = 10.0.0.1:9100, 10.0.0.2:9100\nClusterMemberListen = 10.0.0.1:9100\n"
+    with pytest.raises(ConfigError) as info:
+        Config.from_text(two + "ClusterPassword = long-enough-pw\nClusterDeliveryMode = Guaranteed\n", "g.conf")
+    assert "g.conf:4: ClusterDeliveryMode: Guaranteed needs at least 3 members" in info.value.errors[0]
+    four = "ClusterMembers = " + ", ".join(f"10.0.0.{i}:9100" for i in range(1, 5)) + "\n"
+    base = (
+        four
+        + "ClusterMemberListen = 10.0.0.1:9100\nClusterPassword = long-enough-pw\nClusterDeliveryMode = Guaranteed\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        Config.from_text(base + "ClusterSeedMemberCount = 5\n", "s.conf")
+    assert "ClusterSeedMemberCount: 5 seed members but ClusterMembers lists 4" in info.value.errors[0]
+    assert Config.from_text(base, "ok.conf").seed_count == 3
+    twelve = "ClusterMembers = " + ", ".join(f"10.0.0.{i}:9100" for i in range(1, 13)) + "\n"
+    config = Config.from_text(twelve + base.split("\n", 1)[1], "12.conf")
+    assert config.seed_count == 5
+
+
+def test_a_subscriber_cut_off_gets_exactly_the_missed_messages(tmp_path: Path) -> None:
+    """The issue's example: cut off while m2 and m3 are published, it gets m2 and m3, then m4 live."""
+    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
+        cluster.start_all()
+        for index in range(3):
+            cluster.wait_view(index, {0, 1, 2})
+
+        async def scenario() -> None:
+            events: list[StatusEvent] = []
+            subscriber = MigratoryClient(
+                [cluster[2].ws_url, cluster[1].ws_url], on_status=events.append, backoff_initial=1.5
+            )
+            await subscriber.connect()
+            while subscriber.server != cluster[2].ws_url:  # start on member 3, the one we cut
+                await subscriber.close()
+                subscriber = MigratoryClient(
+                    [cluster[2].ws_url, cluster[1].ws_url], on_status=events.append, backoff_initial=1.5
+                )
+                await subscriber.connect()
+            await subscriber.subscribe(["/ibm"])
+            async with MigratoryClient([cluster[0].ws_url]) as publisher:
+                assert await publisher.publish("/ibm", b"m1", guaranteed=True) is Status.OK
+                assert (await subscriber.next_message(10)).content == b"m1"
+                await asyncio.get_running_loop().run_in_executor(None, cluster.kill, 2)
+                for content in (b"m2", b"m3"):
+                    assert await publisher.publish("/ibm", content, guaranteed=True, retries=5) is Status.OK
+                got = [await subscriber.next_message(15) for _ in range(2)]
+                assert [(m.content, m.type) for m in got] == [(b"m2", MessageType.RECOVERED)] * 1 + [
+                    (b"m3", MessageType.RECOVERED)
+                ]
+                assert subscriber.server == cluster[1].ws_url
+                assert await publisher.publish("/ibm", b"m4", guaranteed=True) is Status.OK
+                m4 = await subscriber.next_message(10)
+                assert (m4.content, m4.type) == (b"m4", MessageType.UPDATE)
+            kinds = [e.kind for e in events]
+            assert EventKind.NOTIFY_DATA_SYNC in kinds and EventKind.NOTIFY_DATA_RESYNC not in kinds
+            assert [e.subject for e in events if e.kind is EventKind.NOTIFY_DATA_SYNC] == ["/ibm"]
+            await subscriber.close()
+
+        run(scenario())
+
+
+def test_a_retried_publish_id_is_numbered_once(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
+        cluster.start_all()
+        for index in range(3):
+            cluster.wait_view(index, {0, 1, 2})
+
+        async def scenario() -> None:
+            async with MigratoryClient([cluster[1].ws_url]) as subscriber:
+                await subscriber.subscribe(["/once"])
+                for via in (0, 1, 2, 0):  # the same publication, sent four times through three members
+                    async with MigratoryClient([cluster[via].ws_url]) as publisher:
+                        status = await publisher.publish("/once", b"x", guaranteed=True, publish_id="order-42")
+                        assert status is Status.OK
+                async with MigratoryClient([cluster[2].ws_url]) as publisher:
+                    assert await publisher.publish("/once", b"y", guaranteed=True) is Status.OK
+                first, second = await subscriber.next_message(10), await subscriber.next_message(10)
+                assert [(first.content, first.seq), (second.content, second.seq)] == [(b"x", 1), (b"y", 2)]
+
+        run(scenario())
+
+
+def test_without_a_seed_majority_guaranteed_publishes_fail_cleanly(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
+        cluster.start_all()
+        for index in range(3):
+            cluster.wait_view(index, {0, 1, 2})
+
+        async def scenario() -> None:
+            async with MigratoryClient([cluster[0].ws_url]) as publisher:
+                assert await publisher.publish("/q", b"kept", guaranteed=True) is Status.OK
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, cluster.kill, 1)
+            await loop.run_in_executor(None, cluster.kill, 2)
+            await asyncio.sleep(2.5)  # the lone seed's leader lease runs out
+            statuses: list[tuple[Status, str]] = []
+            async with MigratoryClient(
+                [cluster[0].ws_url], on_status=lambda e: statuses.append((e.status, e.detail))
+            ) as p:  # type: ignore[arg-type, return-value]
+                started = time.monotonic()
+                assert await p.publish("/q", b"refused", guaranteed=True) is Status.FAILED
+                assert time.monotonic() - started < 8  # an answer, not silence
+            assert any("quorum" in reason or "second" in reason for _, reason in statuses)
+            for index in (1, 2):
+                await loop.run_in_executor(None, cluster.start, index)
+            await loop.run_in_executor(None, cluster.wait_ready, [1, 2], 60.0)
+            for index in range(3):
+                await loop.run_in_executor(None, cluster.wait_view, index, {0, 1, 2}, 60.0)
+            for index in range(3):  # the acknowledged message was never lost; the refused one never appears
+                snapshot = await loop.run_in_executor(None, cluster.snapshot, index, "/q")
+                assert snapshot is not None and snapshot["content"] == "kept" and snapshot["seq"] == 1
+
+        run(scenario(), timeout=200)
+
+
+@pytest.mark.parametrize(("seeds", "down_seeds", "down_others"), [(5, 2, 7), (3, 1, 9)])
+def test_twelve_members_tolerate_the_seed_table(tmp_path: Path, seeds: int, down_seeds: int, down_others: int) -> None:
+    """The seed's worked example: 12 members with 5 seeds tolerate 9 down; with 3 seeds, 10."""
+    extra = {"ClusterSeedMemberCount": str(seeds), "MaxCachedMessagesPerSubject": "100"}
+    with LocalCluster(
+        tmp_path, 12, mode="Guaranteed", heartbeat_interval=300, heartbeat_timeout=1500, extra=extra
+    ) as cluster:
+        cluster.start_all(ready_timeout=120)
+        for index in range(12):
+            cluster.wait_view(index, set(range(12)), timeout=120)
+        victims = list(range(seeds - down_seeds, seeds)) + list(range(12 - down_others, 12))
+        survivors = [i for i in range(12) if i not in victims]
+
+        async def scenario() -> None:
+            loop = asyncio.get_running_loop()
+            subjects = [f"/twelve/s{i}" for i in range(10)]
+            async with MigratoryClient([cluster[survivors[-1]].ws_url]) as publisher:
+                for subject in subjects:
+                    assert await publisher.publish(subject, b"before", guaranteed=True) is Status.OK
+            for index in victims:
+                cluster.signal(index, signal.SIGKILL)
+            for index in victims:
+                await loop.run_in_executor(None, cluster.kill, index)
+            await loop.run_in_executor(None, cluster.wait_view, survivors[0], set(survivors), 60.0)
+            async with MigratoryClient([cluster[i].ws_url for i in survivors]) as publisher:
+                for subject in subjects:
+                    assert await publisher.publish(subject, b"after", guaranteed=True, retries=10) is Status.OK
+            for index in survivors:
+                snapshots = [await loop.run_in_executor(None, cluster.snapshot, index, s) for s in subjects]
+                assert all(s is not None and s["content"] == "after" and s["seq"] == 2 for s in snapshots)
+            # one more seed down: the majority is gone, guaranteed publications are refused
+            await loop.run_in_executor(None, cluster.kill, 0)
+            await asyncio.sleep(2.5)
+            async with MigratoryClient([cluster[survivors[-1]].ws_url]) as publisher:
+                assert await publisher.publish(subjects[0], b"refused", guaranteed=True) is Status.FAILED
+
+        run(scenario(), timeout=240)
+
+
+FAULTS = [f for f in failover.FAULTS if f != "partition-member" or available()]
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+@pytest.mark.parametrize("fault", FAULTS)
+def test_fault_injection_three_members(tmp_path: Path, fault: str, round_: int) -> None:
+    result = run(failover.run_round(tmp_path, fault, size=3, seed=round_), timeout=280)
+    assert isinstance(result, failover.RoundResult)
+    assert result.ok, f"{result.violations[:10]} (history kept in {result.history})"
+    assert result.acked > 50 and result.gaps
+
+
+@pytest.mark.parametrize(
+    "fault", ["kill-coordinator", "lose-seed-majority"] + (["partition-member"] if available() else [])
+)
+def test_fault_injection_five_members(tmp_path: Path, fault: str) -> None:
+    result = run(failover.run_round(tmp_path, fault, size=5, seed=7), timeout=280)
+    assert isinstance(result, failover.RoundResult)
+    assert result.ok, f"{result.violations[:10]} (history kept in {result.history})"
