@@ -34,7 +34,9 @@ __all__ = [
     "accept_key",
     "build_close",
     "build_frame",
+    "close_code_allowed",
     "parse_close",
+    "valid_key",
 ]
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -73,9 +75,32 @@ class Frame:
     payload: bytes
 
 
+def valid_key(key: str) -> bool:
+    """Whether a Sec-WebSocket-Key is the base64 of exactly 16 bytes (RFC 6455 section 4.2.1)."""
+    if len(key) != 24 or not key.isascii():
+        return False
+    try:
+        return len(base64.b64decode(key, validate=True)) == 16
+    except ValueError:  # binascii.Error
+        return False
+
+
 def accept_key(key: str) -> str:
-    """The Sec-WebSocket-Accept value for a client's Sec-WebSocket-Key."""
-    return base64.b64encode(hashlib.sha1(key.encode("ascii") + GUID).digest()).decode("ascii")
+    """The Sec-WebSocket-Accept value for a client's Sec-WebSocket-Key (check it with :func:`valid_key`)."""
+    return base64.b64encode(hashlib.sha1(key.encode("latin-1") + GUID).digest()).decode("ascii")
+
+
+_CLOSE_CODES = frozenset((1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014))
+"""Codes below 3000 that a peer may send: RFC 6455 section 7.4.1 and the IANA registry.
+
+1004 is reserved, 1005, 1006 and 1015 must never be sent in a close frame, and the
+rest of 1000-2999 is unassigned; 3000-4999 belong to libraries and applications.
+"""
+
+
+def close_code_allowed(code: int) -> bool:
+    """Whether a peer may send ``code`` in a close frame (RFC 6455 section 7.4)."""
+    return code in _CLOSE_CODES or 3000 <= code <= 4999
 
 
 def build_frame(opcode: int, payload: bytes) -> bytes:
@@ -104,12 +129,18 @@ def build_close(code: int, reason: str = "") -> bytes:
 
 
 def parse_close(payload: bytes) -> tuple[int, str]:
-    """Code and reason of a received close frame (1005 when none was given)."""
+    """Code and reason of a received close frame (1005 when none was given).
+
+    A 1-byte payload, a code that RFC 6455 section 7.4 does not allow on the wire, or
+    a reason that is not UTF-8 raise :class:`WebSocketError` with code 1002.
+    """
     if not payload:
         return 1005, ""
     if len(payload) == 1:
         raise WebSocketError(CLOSE_PROTOCOL_ERROR, "close frame with a 1-byte payload")
     (code,) = struct.unpack("!H", payload[:2])
+    if not close_code_allowed(code):
+        raise WebSocketError(CLOSE_PROTOCOL_ERROR, f"close code {code} is not allowed (RFC 6455 section 7.4)")
     try:
         reason = payload[2:].decode("utf-8")
     except UnicodeDecodeError:

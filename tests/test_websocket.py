@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import struct
@@ -28,7 +29,38 @@ def client_frame(opcode: int, payload: bytes, fin: bool = True, mask: bytes | No
 
 
 def test_accept_key_rfc_example() -> None:
+    assert ws.valid_key("dGhlIHNhbXBsZSBub25jZQ==")
     assert ws.accept_key("dGhlIHNhbXBsZSBub25jZQ==") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "é" * 24,  # non-ASCII: accept_key() used to raise UnicodeEncodeError
+        "dGhlIHNhbXBsZSBub25jZQ=\u00e9",
+        "dGhlIHNhbXBsZSBub25jZQ",  # no padding
+        "dGhlIHNhbXBsZSBub25jZQ==dGhl",
+        "AAAAAAAAAAAAAAAAAAAAAAA=",  # 17 bytes
+        base64.b64encode(b"x" * 15).decode() + "AAAA",  # 24 characters, not 16 bytes
+        "dGhlIHNhbXBsZSBub25j*Q==",  # not base64
+        "dGhlIHNhbXBsZSBub25j ZQ=",
+        "x" * 24,
+    ],
+)
+def test_malformed_keys_are_invalid(key: str) -> None:
+    assert not ws.valid_key(key)
+
+
+@given(st.binary(min_size=16, max_size=16))
+def test_every_16_byte_key_is_valid(raw: bytes) -> None:
+    key = base64.b64encode(raw).decode()
+    assert ws.valid_key(key) and len(ws.accept_key(key)) == 28
+
+
+@given(st.text(max_size=40))
+def test_valid_key_never_raises(key: str) -> None:
+    ws.valid_key(key)
 
 
 @given(st.binary(max_size=70000), st.integers(min_value=1, max_value=9))
@@ -117,3 +149,40 @@ def test_close_frames() -> None:
     assert ws.parse_close(b"") == (1005, "")
     with pytest.raises(ws.WebSocketError):
         ws.parse_close(b"\x03")
+
+
+_FORBIDDEN_CLOSE_CODES = [0, 1, 999, 1004, 1005, 1006, 1015, 1016, 1100, 2000, 2999, 5000, 65535]
+_ALLOWED_CLOSE_CODES = [1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 3000, 4000, 4999]
+
+
+@pytest.mark.parametrize("code", _FORBIDDEN_CLOSE_CODES)
+def test_forbidden_close_codes_are_protocol_errors(code: int) -> None:
+    """RFC 6455 section 7.4: these never travel in a close frame; receiving one is a 1002."""
+    with pytest.raises(ws.WebSocketError) as info:
+        ws.parse_close(struct.pack("!H", code) + b"bye")
+    assert info.value.code == ws.CLOSE_PROTOCOL_ERROR and str(code) in info.value.reason
+
+
+@pytest.mark.parametrize("code", _ALLOWED_CLOSE_CODES)
+def test_allowed_close_codes_parse(code: int) -> None:
+    assert ws.parse_close(struct.pack("!H", code) + "é".encode()) == (code, "é")
+
+
+@given(st.integers(min_value=0, max_value=65535))
+def test_close_code_rule(code: int) -> None:
+    expected = code in (1000, 1001, 1002, 1003) or 1007 <= code <= 1014 or 3000 <= code <= 4999
+    assert ws.close_code_allowed(code) is expected
+
+
+def test_close_reason_must_be_utf8() -> None:
+    with pytest.raises(ws.WebSocketError) as info:
+        ws.parse_close(struct.pack("!H", 1000) + b"\xff\xfe")
+    assert info.value.code == ws.CLOSE_PROTOCOL_ERROR
+
+
+@given(st.binary(max_size=125))
+def test_parse_close_raises_only_websocket_error(payload: bytes) -> None:
+    with contextlib.suppress(ws.WebSocketError):
+        code, reason = ws.parse_close(payload)
+        assert code == 1005 or ws.close_code_allowed(code)
+        assert isinstance(reason, str)

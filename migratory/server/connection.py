@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from migratory import protocol as p
 from migratory.entitlement import Decision
-from migratory.http import HttpError, Request, json_response, parse_request_head, response
+from migratory.http import HttpError, Request, json_response, parse_request_head
 from migratory.message import Message, QoS
 from migratory.server.engine import Engine, Origin, PublishResult
 from migratory.subscriptions import SubjectSet, subject_set_items
@@ -41,6 +41,7 @@ from migratory.websocket import (
     build_close,
     build_frame,
     parse_close,
+    valid_key,
 )
 
 __all__ = ["Connection"]
@@ -51,6 +52,9 @@ _WAIT = 2  # an HTTP request is being answered (a publish waits for its coordina
 _WS = 3
 _CLOSING = 4
 _CLOSED = 5
+
+_PIPELINE_BATCH = 64
+"""Pipelined HTTP requests served per call before yielding to the event loop."""
 
 
 class Connection(asyncio.Protocol):
@@ -381,21 +385,41 @@ class Connection(asyncio.Protocol):
     # --- HTTP -------------------------------------------------------------------------
 
     def _http_received(self) -> None:
-        from migratory.server import httpapi
+        """Serve the complete requests in ``inbuf`` one after the other, in a loop.
 
+        A request answered at once lets the loop go on with the next pipelined one; a
+        request answered later (a publish waiting for its coordinator) stops it, and
+        its answer schedules the rest on the next loop turn, so answering never
+        recurses. At most ``_PIPELINE_BATCH`` requests are served per call and the
+        rest on the next loop turn: a client pipelining thousands of requests cannot
+        hold the event loop, and ``inbuf`` and ``MaxPendingOutput`` bound what it may
+        queue.
+        """
+        served = 0
         while self.state < _WAIT and self.inbuf:
             if self.state == _HEAD:
-                end = self.inbuf.find(b"\r\n\r\n")
+                if served >= _PIPELINE_BATCH:
+                    self.engine.loop.call_soon(self._http_received)
+                    return
+                inbuf = self.inbuf
+                if inbuf.startswith(b"\r\n"):  # RFC 9112 section 2.2: ignore empty lines before a request
+                    skip = 2
+                    while inbuf.startswith(b"\r\n", skip):
+                        skip += 2
+                    inbuf = self.inbuf = inbuf[skip:]
+                    if not inbuf:
+                        return
+                end = inbuf.find(b"\r\n\r\n")
                 limit = self.engine.config.max_header_size
                 if end < 0:
-                    if len(self.inbuf) > limit:
+                    if len(inbuf) > limit:
                         self._http_error(431, f"request head larger than MaxHeaderSize ({limit} bytes)")
                     return
                 if end > limit:
                     self._http_error(431, f"request head larger than MaxHeaderSize ({limit} bytes)")
                     return
-                head = self.inbuf[:end]
-                self.inbuf = self.inbuf[end + 4 :]
+                head = inbuf[:end]
+                self.inbuf = inbuf[end + 4 :]
                 try:
                     request = parse_request_head(head)
                 except HttpError as exc:
@@ -404,19 +428,17 @@ class Connection(asyncio.Protocol):
                 if request.is_websocket_upgrade:
                     self._upgrade(request)
                     return
-                if "transfer-encoding" in request.headers:
-                    self._http_error(411, "chunked request bodies are not supported: send Content-Length")
+                if request.has_transfer_encoding:
+                    self._http_error(
+                        411, "chunked request bodies are not supported: send Content-Length", request=request
+                    )
                     return
-                length_text = request.headers.get("content-length", "0")
-                if not length_text.isdigit():
-                    self._http_error(400, "invalid Content-Length")
-                    return
-                length = int(length_text)
+                length = request.content_length
                 if length > self.engine.max_message_size:
                     self._http_error(
                         413,
                         f"body of {length} bytes exceeds MessageSizeLimit ({self.engine.max_message_size} bytes)",
-                        reason_code="message_too_big",
+                        request=request,
                     )
                     return
                 self.request = request
@@ -424,17 +446,33 @@ class Connection(asyncio.Protocol):
             pending_request = self.request
             assert pending_request is not None
             request = pending_request
-            length = int(request.headers.get("content-length", "0"))
+            length = request.content_length
             if len(self.inbuf) < length:
                 return
             body = self.inbuf[:length]
             self.inbuf = self.inbuf[length:]
             self.request = None
             self.state = _WAIT
-            httpapi.handle(self.engine, self, request, body, self._respond)
+            served += 1
+            self._dispatch(request, body)
+
+    def _dispatch(self, request: Request, body: bytes) -> None:
+        """Hand one request to :mod:`migratory.server.httpapi`, which answers now or later."""
+        from migratory.server import httpapi
+
+        later = False
+
+        def respond(answered: Request, status: int, payload: bytes) -> None:
+            self._respond(answered, status, payload)
+            if later and self.state == _HEAD and self.inbuf:
+                # answered from a callback: go on with pipelined requests on a fresh stack
+                self.engine.loop.call_soon(self._http_received)
+
+        httpapi.handle(self.engine, self, request, body, respond)
+        later = True
 
     def _respond(self, request: Request, status: int, payload: bytes) -> None:
-        """Send one HTTP response, then go on with any pipelined request."""
+        """Send one HTTP response and get ready for the next request (the caller goes on with it)."""
         if self.state != _WAIT:
             return  # the connection closed while the answer was being prepared
         self.send(payload)
@@ -452,36 +490,62 @@ class Connection(asyncio.Protocol):
             return
         self.state = _HEAD
         self.deadline = self.engine.loop.time() + self.engine.config.handshake_timeout / 1000.0
-        if self.inbuf:
-            self._http_received()
 
-    def _http_error(self, status: int, reason: str, *, reason_code: str = "bad_request") -> None:
-        self.engine.deny(self.origin(), "http", reason_code, reason)
-        self.send(json_response(status, {"error": reason}, keep_alive=False))
+    def _http_error(
+        self,
+        status: int,
+        reason: str,
+        *,
+        reason_code: str = "",
+        request: Request | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        """Refuse a request: log it (``denied`` and ``http``), answer ``{"error": reason}``, close."""
+        engine = self.engine
+        engine.deny(
+            self.origin(), "http", reason_code or ("message_too_big" if status == 413 else "bad_request"), reason
+        )
+        payload = json_response(status, {"error": reason}, keep_alive=False, extra=extra)
+        self.send(payload)
+        engine.access(
+            "http",
+            self,
+            method=request.method if request is not None else None,
+            path=request.path if request is not None else None,
+            status=status,
+            subject=None,
+            bytes_out=len(payload),
+        )
         self.close("protocol_error" if status != 413 else "message_too_big")
 
     def _upgrade(self, request: Request) -> None:
-        key = request.headers.get("sec-websocket-key", "")
         if request.method != "GET":
-            self._http_error(405, "WebSocket upgrade requires GET")
+            self._http_error(405, "WebSocket upgrade requires GET", request=request)
+            return
+        if request.version != "HTTP/1.1":
+            self._http_error(400, "WebSocket upgrade requires HTTP/1.1", request=request)
             return
         if not self.engine.ready:
-            self._http_error(503, "this cluster member is synchronising; try another member", reason_code="not_ready")
+            self._http_error(
+                503,
+                "this cluster member is synchronising; try another member",
+                reason_code="not_ready",
+                request=request,
+            )
             return
         if request.headers.get("sec-websocket-version") != "13":
-            self.engine.deny(self.origin(), "http", "bad_request", "unsupported Sec-WebSocket-Version")
-            self.send(
-                response(
-                    426,
-                    b"Sec-WebSocket-Version 13 required\n",
-                    keep_alive=False,
-                    extra={"Sec-WebSocket-Version": "13"},
-                )
+            self._http_error(
+                426, "Sec-WebSocket-Version 13 required", request=request, extra={"Sec-WebSocket-Version": "13"}
             )
-            self.close("protocol_error")
             return
-        if len(key) != 24:
-            self._http_error(400, "missing or malformed Sec-WebSocket-Key")
+        key = request.headers.get("sec-websocket-key", "")
+        if not valid_key(key):
+            self._http_error(
+                400, "missing or malformed Sec-WebSocket-Key (must be base64 of 16 bytes)", request=request
+            )
+            return
+        if request.content_length or request.has_transfer_encoding:
+            self._http_error(400, "a WebSocket upgrade request has no body", request=request)
             return
         lines = [
             "HTTP/1.1 101 Switching Protocols",
@@ -535,8 +599,8 @@ class Connection(asyncio.Protocol):
             elif opcode == OP_CLOSE:
                 try:
                     code, _ = parse_close(frame.payload)
-                except WebSocketError as exc:
-                    self._ws_fail(exc.code, exc.reason, "protocol_error", "malformed")
+                except WebSocketError as exc:  # a forbidden code, a 1-byte payload, a reason not UTF-8
+                    self._ws_fail(exc.code, exc.reason, "protocol_error", "malformed", notice=False)
                     return
                 self.send(build_close(CLOSE_NORMAL if code == 1005 else code))
                 self.close("client_closed")
@@ -558,10 +622,17 @@ class Connection(asyncio.Protocol):
                 )
                 return
 
-    def _ws_fail(self, code: int, reason: str, disconnect_reason: str, reason_code: str) -> None:
-        """Report a fatal error to the client (native ERROR, then close frame) and close."""
+    def _ws_fail(
+        self, code: int, reason: str, disconnect_reason: str, reason_code: str, *, notice: bool = True
+    ) -> None:
+        """Report a fatal error to the client (native ERROR unless ``notice`` is false, then close frame) and close.
+
+        ``notice=False`` answers a bad close frame: the peer has begun the closing
+        handshake, so it gets only the close frame (RFC 6455 section 5.5.1).
+        """
         self.engine.deny(self.origin(), "frame", reason_code, reason)
-        self.send(build_frame(OP_BINARY, p.encode_error(p.Status.PROTOCOL_ERROR, reason)))
+        if notice:
+            self.send(build_frame(OP_BINARY, p.encode_error(p.Status.PROTOCOL_ERROR, reason)))
         self.send(build_close(code, reason))
         self.close(disconnect_reason)
 
