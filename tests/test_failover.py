@@ -69,24 +69,24 @@ def test_a_subscriber_cut_off_gets_exactly_the_missed_messages(tmp_path: Path) -
                     [cluster[2].ws_url, cluster[1].ws_url], on_status=events.append, backoff_initial=1.5
                 )
                 await subscriber.connect()
-            await subscriber.subscribe(["/ibm"])
+            await subscriber.subscribe(["/Stocks/IBM"])
             async with MigratoryClient([cluster[0].ws_url]) as publisher:
-                assert await publisher.publish("/ibm", b"m1", guaranteed=True) is Status.OK
+                assert await publisher.publish("/Stocks/IBM", b"m1", guaranteed=True) is Status.OK
                 assert (await subscriber.next_message(10)).content == b"m1"
                 await asyncio.get_running_loop().run_in_executor(None, cluster.kill, 2)
                 for content in (b"m2", b"m3"):
-                    assert await publisher.publish("/ibm", content, guaranteed=True, retries=5) is Status.OK
+                    assert await publisher.publish("/Stocks/IBM", content, guaranteed=True, retries=5) is Status.OK
                 got = [await subscriber.next_message(15) for _ in range(2)]
                 assert [(m.content, m.type) for m in got] == [(b"m2", MessageType.RECOVERED)] * 1 + [
                     (b"m3", MessageType.RECOVERED)
                 ]
                 assert subscriber.server == cluster[1].ws_url
-                assert await publisher.publish("/ibm", b"m4", guaranteed=True) is Status.OK
+                assert await publisher.publish("/Stocks/IBM", b"m4", guaranteed=True) is Status.OK
                 m4 = await subscriber.next_message(10)
                 assert (m4.content, m4.type) == (b"m4", MessageType.UPDATE)
             kinds = [e.kind for e in events]
             assert EventKind.NOTIFY_DATA_SYNC in kinds and EventKind.NOTIFY_DATA_RESYNC not in kinds
-            assert [e.subject for e in events if e.kind is EventKind.NOTIFY_DATA_SYNC] == ["/ibm"]
+            assert [e.subject for e in events if e.kind is EventKind.NOTIFY_DATA_SYNC] == ["/Stocks/IBM"]
             await subscriber.close()
 
         run(scenario())
@@ -100,13 +100,13 @@ def test_a_retried_publish_id_is_numbered_once(tmp_path: Path) -> None:
 
         async def scenario() -> None:
             async with MigratoryClient([cluster[1].ws_url]) as subscriber:
-                await subscriber.subscribe(["/once"])
+                await subscriber.subscribe(["/s/once"])
                 for via in (0, 1, 2, 0):  # the same publication, sent four times through three members
                     async with MigratoryClient([cluster[via].ws_url]) as publisher:
-                        status = await publisher.publish("/once", b"x", guaranteed=True, publish_id="order-42")
-                        assert status is Status.OK
+                        status = await publisher.publish("/s/once", b"x", guaranteed=True, publish_id="order-42")
+                        assert status is Status.OK, via
                 async with MigratoryClient([cluster[2].ws_url]) as publisher:
-                    assert await publisher.publish("/once", b"y", guaranteed=True) is Status.OK
+                    assert await publisher.publish("/s/once", b"y", guaranteed=True) is Status.OK
                 first, second = await subscriber.next_message(10), await subscriber.next_message(10)
                 assert [(first.content, first.seq), (second.content, second.seq)] == [(b"x", 1), (b"y", 2)]
 
@@ -121,7 +121,7 @@ def test_without_a_seed_majority_guaranteed_publishes_fail_cleanly(tmp_path: Pat
 
         async def scenario() -> None:
             async with MigratoryClient([cluster[0].ws_url]) as publisher:
-                assert await publisher.publish("/q", b"kept", guaranteed=True) is Status.OK
+                assert await publisher.publish("/s/q", b"kept", guaranteed=True) is Status.NO_SUBSCRIBER
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, cluster.kill, 1)
             await loop.run_in_executor(None, cluster.kill, 2)
@@ -131,7 +131,7 @@ def test_without_a_seed_majority_guaranteed_publishes_fail_cleanly(tmp_path: Pat
                 [cluster[0].ws_url], on_status=lambda e: statuses.append((e.status, e.detail))
             ) as p:  # type: ignore[arg-type, return-value]
                 started = time.monotonic()
-                assert await p.publish("/q", b"refused", guaranteed=True) is Status.FAILED
+                assert await p.publish("/s/q", b"refused", guaranteed=True) is Status.FAILED
                 assert time.monotonic() - started < 8  # an answer, not silence
             assert any("quorum" in reason or "second" in reason for _, reason in statuses)
             for index in (1, 2):
@@ -140,7 +140,7 @@ def test_without_a_seed_majority_guaranteed_publishes_fail_cleanly(tmp_path: Pat
             for index in range(3):
                 await loop.run_in_executor(None, cluster.wait_view, index, {0, 1, 2}, 60.0)
             for index in range(3):  # the acknowledged message was never lost; the refused one never appears
-                snapshot = await loop.run_in_executor(None, cluster.snapshot, index, "/q")
+                snapshot = await loop.run_in_executor(None, cluster.snapshot, index, "/s/q")
                 assert snapshot is not None and snapshot["content"] == "kept" and snapshot["seq"] == 1
 
         run(scenario(), timeout=200)
@@ -164,7 +164,7 @@ def test_twelve_members_tolerate_the_seed_table(tmp_path: Path, seeds: int, down
             subjects = [f"/twelve/s{i}" for i in range(10)]
             async with MigratoryClient([cluster[survivors[-1]].ws_url]) as publisher:
                 for subject in subjects:
-                    assert await publisher.publish(subject, b"before", guaranteed=True) is Status.OK
+                    assert await publisher.publish(subject, b"before", guaranteed=True) is Status.NO_SUBSCRIBER
             for index in victims:
                 cluster.signal(index, signal.SIGKILL)
             for index in victims:
@@ -172,7 +172,8 @@ def test_twelve_members_tolerate_the_seed_table(tmp_path: Path, seeds: int, down
             await loop.run_in_executor(None, cluster.wait_view, survivors[0], set(survivors), 60.0)
             async with MigratoryClient([cluster[i].ws_url for i in survivors]) as publisher:
                 for subject in subjects:
-                    assert await publisher.publish(subject, b"after", guaranteed=True, retries=10) is Status.OK
+                    status = await publisher.publish(subject, b"after", guaranteed=True, retries=10)
+                    assert status is Status.NO_SUBSCRIBER
             for index in survivors:
                 snapshots = [await loop.run_in_executor(None, cluster.snapshot, index, s) for s in subjects]
                 assert all(s is not None and s["content"] == "after" and s["seq"] == 2 for s in snapshots)
