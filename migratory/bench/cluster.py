@@ -172,6 +172,21 @@ class LocalCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(member.proc.pid, sig)
 
+    def processes(self, index: int) -> dict[str, int]:
+        """The member's children by name: ``migratory-agent``, ``migratory-w0``, ..."""
+        member = self.members[index]
+        if member.proc is None:
+            return {}
+        out = {}
+        try:
+            pids = Path(f"/proc/{member.proc.pid}/task/{member.proc.pid}/children").read_text().split()
+        except OSError:
+            return {}
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                out[Path(f"/proc/{pid}/comm").read_text().strip()] = int(pid)
+        return out
+
     def kill(self, index: int) -> None:
         self.signal(index, signal.SIGKILL)
         member = self.members[index]

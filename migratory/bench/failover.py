@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import random
 import statistics
 import time
@@ -33,6 +34,7 @@ __all__ = ["FAULTS", "RoundResult", "percentile", "run_round"]
 
 FAULTS = (
     "kill-coordinator",
+    "kill-agent",
     "kill-member",
     "stop-member",
     "partition-member",
@@ -198,6 +200,12 @@ async def _round(
         await loop.run_in_executor(None, cluster.kill, victim)
         await asyncio.sleep(pause)
         await loop.run_in_executor(None, _restart, cluster, victim)
+    elif fault == "kill-agent":  # the member's agent alone: its workers and their clients stay
+        agent = cluster.processes(victim).get("migratory-agent")
+        if agent is None:
+            raise RuntimeError(f"member {victim} has no agent process")
+        os.kill(agent, 9)
+        await asyncio.sleep(pause)
     elif fault == "restart-member":
         await loop.run_in_executor(None, cluster.kill, victim)
         await loop.run_in_executor(None, _restart, cluster, victim)  # back before the others notice

@@ -322,16 +322,22 @@ def run(config: Config, config_path: str = "") -> int:
     return _supervise(config, per_worker, epoch, tls, member_sock, config_path)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel send SIGTERM to this worker if the supervisor dies (even by SIGKILL)."""
+def _die_with_parent(parent: int, name: str = "") -> None:
+    """Have the kernel send SIGTERM to this worker if the supervisor dies (even by SIGKILL).
+
+    ``name`` becomes the process name that ps and /proc/PID/comm show (at most 15 bytes).
+    """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if name:
+            libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
     if os.getppid() != parent:  # it died before prctl took effect
         os._exit(1)
 
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 EXIT_CANNOT_START = 2
 QUICK_DEATH = 5.0  # seconds: a child that dies sooner than this after its start did not really start
 MAX_QUICK_DEATHS = 5
@@ -373,7 +379,7 @@ def _supervise(
             try:
                 for sig in handled:
                     signal.signal(sig, signal.SIG_DFL)
-                _die_with_parent(supervisor)
+                _die_with_parent(supervisor, "migratory-agent" if index == workers else f"migratory-w{index}")
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
                 for other, listeners in enumerate(per_worker):
                     if other != index:
