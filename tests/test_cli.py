@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 import sys
+import threading
+import time
 
-from tests.conftest import ServerProcess
+import pytest
+
+from tests.conftest import ServerProcess, free_port
 
 CLI = [sys.executable, "-m", "migratory_cli.main"]
 
@@ -55,3 +61,130 @@ def test_help_lists_every_command() -> None:
     out = cli("--help").stdout
     for command in ("serve", "config", "publish", "subscribe", "snapshot"):
         assert command in out
+
+
+# --- the common mistakes: one line naming the URL and the cause, a distinct exit code, at once ----------
+
+DOWN = f"127.0.0.1:{free_port()}"  # nothing listens there
+
+CLI_MISTAKES: list[tuple[str, list[str], int, str]] = [
+    # (name, arguments, exit code, words the one line must contain)
+    ("server down (ws)", ["publish", f"ws://{DOWN}", "/a/b", "x"], 3, "connection refused"),
+    ("server down (subscribe)", ["subscribe", f"ws://{DOWN}", "/a/b"], 3, "connection refused"),
+    ("server down (http publish)", ["publish", f"http://{DOWN}", "/a/b", "x"], 3, "connection refused"),
+    ("server down (snapshot)", ["snapshot", f"http://{DOWN}", "/a/b"], 3, "connection refused"),
+    ("no scheme", ["publish", DOWN, "/a/b", "x"], 2, "must start with ws://"),
+    ("no scheme (subscribe)", ["subscribe", "localhost:8800", "/a/b"], 2, "must start with ws://"),
+    ("no scheme (snapshot)", ["snapshot", DOWN, "/a/b"], 2, "must start with ws://"),
+    ("wrong scheme", ["subscribe", "ftp://127.0.0.1/", "/a/b"], 2, "must start with ws://"),
+    ("unresolvable host", ["publish", "ws://no-such-host.invalid:8800", "/a/b", "x"], 3, "cannot resolve host"),
+    ("unresolvable host (snapshot)", ["snapshot", "http://no-such-host.invalid", "/a/b"], 3, "cannot resolve"),
+    ("port 99999", ["publish", "ws://127.0.0.1:99999", "/a/b", "x"], 2, "port"),
+    ("port 99999 (subscribe)", ["subscribe", "ws://127.0.0.1:99999", "/a/b"], 2, "port"),
+    ("port 99999 (snapshot)", ["snapshot", "http://127.0.0.1:99999", "/a/b"], 2, "port"),
+    ("port not a number", ["publish", "ws://127.0.0.1:80x", "/a/b", "x"], 2, "port"),
+    ("no host", ["snapshot", "http://:8800", "/a/b"], 2, "no host"),
+    ("negative conflation", ["subscribe", f"ws://{DOWN}", "/a/b", "--conflation", "-5"], 2, "--conflation"),
+    ("negative count", ["subscribe", f"ws://{DOWN}", "/a/b", "--count", "-1"], 2, "--count"),
+    ("field without =", ["publish", f"ws://{DOWN}", "/a/b", "x", "--field", "novalue"], 2, "--field"),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "words"), [m[1:] for m in CLI_MISTAKES], ids=[m[0] for m in CLI_MISTAKES])
+def test_common_mistakes_get_one_line_and_an_exit_code(args: list[str], code: int, words: str) -> None:
+    started = time.monotonic()
+    result = cli(*args, "--token", "s3cret-token")
+    elapsed = time.monotonic() - started
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    (line,) = lines
+    assert line.startswith(f"error: {args[1]}") and words in line, line
+    assert "s3cret-token" not in line  # the token never reaches the terminal
+    assert result.stdout == ""
+    assert elapsed < 8, elapsed  # before: a 10 s wait, then a traceback
+
+
+def test_a_refused_connection_fails_at_once() -> None:
+    """The client is not left retrying until its timeout: the first NOTIFY_SERVER_DOWN ends the command."""
+    for command in (["publish", f"ws://{DOWN}", "/a/b", "x"], ["subscribe", f"ws://{DOWN}", "/a/b"]):
+        started = time.monotonic()
+        result = cli(*command)
+        assert result.returncode == 3
+        assert time.monotonic() - started < 5  # the interpreter's start included; about 0.6 s on an idle machine
+
+
+class _FakeServer:
+    """A TCP server on 127.0.0.1 that answers every connection with fixed bytes, then closes."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.answer = answer
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    conn.recv(65536)
+                    conn.sendall(self.answer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", "503"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "not a MigratoryData"),
+        (b"", ""),
+    ],
+    ids=["upgrade answered 503", "not HTTP", "closed at once"],
+)
+def test_a_server_that_refuses_is_exit_4(answer: bytes, words: str) -> None:
+    fake = _FakeServer(answer)
+    try:
+        url = f"ws://127.0.0.1:{fake.port}"
+        for command in (["publish", url, "/a/b", "x"], ["subscribe", url, "/a/b"]):
+            result = cli(*command)
+            assert result.returncode == 4, result.stderr
+            (line,) = result.stderr.splitlines()
+            assert line.startswith(f"error: {url}: ") and words in line, line
+        http_url = f"http://127.0.0.1:{fake.port}"
+        for command in (["publish", http_url, "/a/b", "x"], ["snapshot", http_url, "/a/b"]):
+            result = cli(*command)
+            assert result.returncode == 4, result.stderr
+            (line,) = result.stderr.splitlines()
+            assert line.startswith(f"error: {http_url}/") and words in line, line
+    finally:
+        fake.close()
+
+
+def test_http_errors_name_the_url(server: ServerProcess) -> None:
+    missing = cli("snapshot", server.http_url, "/no/snapshot", "--token", "s3cret")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == f"error: {server.http_url}/snapshot: HTTP 404: no snapshot for /no/snapshot"
+    invalid = cli("publish", server.http_url, "/bad", "x")
+    assert invalid.returncode == 1 and invalid.stdout.strip() == "INVALID_SUBJECT"
+    assert invalid.stderr.startswith(f"error: {server.http_url}/publish: HTTP 400: ")
+    # a URL with a path that is no endpoint: the server refuses the request itself
+    wrong = cli("publish", server.http_url + "/nothing", "/a/b", "x")
+    assert wrong.returncode == 4 and wrong.stdout == ""
+    assert (
+        wrong.stderr.strip()
+        == f"error: {server.http_url}/nothing/publish: HTTP 404: no such endpoint: /nothing/publish"
+    )
+
+
+def test_help_names_the_exit_codes() -> None:
+    for command in ("publish", "subscribe", "snapshot"):
+        out = cli(command, "--help").stdout
+        assert "Exit codes" in out and "cannot connect" in out and "refused by the" in out

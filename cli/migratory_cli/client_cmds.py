@@ -2,6 +2,22 @@
 
 URLs may be ``ws://``/``wss://`` (native protocol over WebSocket) or
 ``http://``/``https://`` (the HTTP endpoints); each command converts as needed.
+
+A mistake or a failure is one line on stderr, ``error: <URL>: <cause>``, and an
+exit code that says what kind of failure it was (never a traceback):
+
+====  =======================================================================
+0     done (``publish``: OK or NO_SUBSCRIBER)
+1     the server answered and the request did not succeed: a publish status other
+      than OK/NO_SUBSCRIBER, no snapshot, entitlement refused, no subject allowed
+2     bad input: a URL without ws://, wss://, http:// or https://, no host, a port
+      outside 1-65535, a bad option value (``--conflation -5``, ``--field novalue``)
+3     cannot connect: connection refused, unknown host, network unreachable, no
+      answer in time, TLS failure
+4     refused by the server: it answered the connection with an HTTP error (for
+      example 503 while a cluster member synchronises), closed it, or does not
+      speak the protocol
+====  =======================================================================
 """
 
 from __future__ import annotations
@@ -9,12 +25,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import http.client
 import json
+import socket
+import ssl
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -22,12 +42,63 @@ from rich.console import Console
 from migratory.client import ClientMessage, EventKind, MigratoryClient, StatusEvent
 from migratory.protocol import Status
 
-__all__ = ["register"]
+__all__ = ["EXIT_CONNECT", "EXIT_FAILED", "EXIT_REFUSED", "EXIT_USAGE", "register"]
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CONNECT = 3
+EXIT_REFUSED = 4
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 done; 1 the server answered and the request did not succeed; 2 bad input (URL, port, "
+    "option); 3 cannot connect (refused, unknown host, no answer in time); 4 refused by the server (HTTP "
+    "error, connection closed, not a MigratoryData server)."
+)
+
+TIMEOUT = 10.0
+"""Seconds to wait for a connection or an answer."""
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
+T = TypeVar("T")
+
+
+class CliError(Exception):
+    """A failure the command reports as one line, ``error: <url>: <cause>``, and an exit code."""
+
+    def __init__(self, code: int, url: str, cause: str) -> None:
+        super().__init__(f"{url}: {cause}")
+        self.code = code
+        self.url = url
+        self.cause = cause
+
+
+def _fail(error: CliError) -> NoReturn:
+    _err.print(f"error: {error.url}: {error.cause}", markup=False)
+    raise typer.Exit(error.code)
+
+
+def _checked_url(url: str) -> urllib.parse.SplitResult:
+    """The URL, split; a :class:`CliError` with EXIT_USAGE unless it can be connected to at all."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        raise CliError(EXIT_USAGE, url, f"not a valid URL ({exc})") from None
+    if parts.scheme.lower() not in ("ws", "wss", "http", "https") or not url.lower().startswith(parts.scheme + "://"):
+        raise CliError(EXIT_USAGE, url, "the URL must start with ws://, wss://, http:// or https://")
+    if not parts.hostname:
+        raise CliError(EXIT_USAGE, url, "the URL has no host")
+    try:
+        port = parts.port
+    except ValueError:
+        raise CliError(EXIT_USAGE, url, "the port must be a number from 1 to 65535") from None
+    if port == 0:
+        raise CliError(EXIT_USAGE, url, "the port must be a number from 1 to 65535")
+    return parts
+
 
 def _http_url(url: str) -> str:
+    _checked_url(url)
     if url.startswith("ws://"):
         return "http://" + url[5:]
     if url.startswith("wss://"):
@@ -36,6 +107,7 @@ def _http_url(url: str) -> str:
 
 
 def _ws_url(url: str) -> str:
+    _checked_url(url)
     if url.startswith("http://"):
         return "ws://" + url[7:]
     if url.startswith("https://"):
@@ -43,14 +115,108 @@ def _ws_url(url: str) -> str:
     return url
 
 
-def _parse_fields(items: list[str]) -> dict[str, str]:
+def _parse_fields(items: list[str], url: str) -> dict[str, str]:
     fields: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise typer.BadParameter(f"--field takes name=value, got {item!r}")
+            raise CliError(EXIT_USAGE, url, f"--field takes name=value, got {item!r}")
         fields[name] = value
     return fields
+
+
+def _os_cause(exc: BaseException, url: str) -> CliError:
+    """Why a connection attempt failed, from the exception urllib or asyncio raised."""
+    if isinstance(exc, socket.gaierror):
+        host = urllib.parse.urlsplit(url).hostname or url
+        return CliError(EXIT_CONNECT, url, f"cannot resolve host {host!r} ({exc.strerror or exc})")
+    if isinstance(exc, ConnectionRefusedError):
+        return CliError(EXIT_CONNECT, url, "connection refused (is the server running, on this port?)")
+    if isinstance(exc, TimeoutError):
+        return CliError(EXIT_CONNECT, url, f"no answer within {TIMEOUT:g} s")
+    if isinstance(exc, ssl.SSLError):
+        return CliError(EXIT_CONNECT, url, f"TLS failed: {exc.reason or exc}")
+    if isinstance(exc, ConnectionResetError):  # http.client.RemoteDisconnected too
+        return CliError(EXIT_REFUSED, url, "the server closed the connection without an answer")
+    if isinstance(exc, http.client.HTTPException):
+        return CliError(EXIT_REFUSED, url, f"not a MigratoryData HTTP answer ({type(exc).__name__})")
+    if isinstance(exc, OSError):
+        return CliError(EXIT_CONNECT, url, f"cannot connect: {exc.strerror or exc}")
+    return CliError(EXIT_REFUSED, url, f"{type(exc).__name__}: {exc}")
+
+
+def _ws_cause(detail: str, url: str) -> CliError:
+    """Why the client's first connection failed, from its NOTIFY_SERVER_DOWN detail.
+
+    The detail reads ``<url>: <exception type>: <text>`` or ``<url>: closed by server: <code> <reason>``
+    (migratory.client); the exception type decides the exit code.
+    """
+    _, _, rest = detail.partition(": ")
+    kind, _, text = rest.partition(": ")
+    if kind == "closed by server":
+        return CliError(EXIT_REFUSED, url, f"the server closed the connection ({text})")
+    if kind == "gaierror":
+        host = urllib.parse.urlsplit(url).hostname or url
+        return CliError(EXIT_CONNECT, url, f"cannot resolve host {host!r}")
+    if kind == "ConnectionRefusedError":
+        return CliError(EXIT_CONNECT, url, "connection refused (is the server running, on this port?)")
+    if kind == "TimeoutError":
+        return CliError(EXIT_CONNECT, url, f"no answer within {TIMEOUT:g} s")
+    if kind.startswith("SSL"):
+        return CliError(EXIT_CONNECT, url, f"TLS failed: {text}")
+    if kind == "InvalidStatus":  # the upgrade was answered with an HTTP error
+        return CliError(EXIT_REFUSED, url, f"refused by the server ({text})")
+    if kind.startswith("Invalid") or kind in ("DecodeError", "ConnectionClosedError", "ConnectionClosedOK"):
+        return CliError(EXIT_REFUSED, url, f"not a MigratoryData WebSocket answer ({text})")
+    return CliError(EXIT_CONNECT, url, f"cannot connect ({text or kind})")
+
+
+def _run(url: str, coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; failures become one line and an exit code."""
+    try:
+        return asyncio.run(coro)
+    except CliError as error:
+        _fail(error)
+    except (ConnectionError, TimeoutError, OSError) as exc:
+        _fail(_os_cause(exc, url))
+
+
+async def _open(
+    url: str, token: str, *, reconnect: bool, on_status: Callable[[StatusEvent], None] | None = None
+) -> MigratoryClient:
+    """A connected client, or a :class:`CliError` as soon as the first connection attempt fails.
+
+    ``MigratoryClient.connect()`` alone would wait its whole timeout while the client
+    retries; the first NOTIFY_SERVER_DOWN ends the wait at once instead. Later status
+    events (once connected) go to ``on_status``.
+    """
+    loop = asyncio.get_running_loop()
+    first_down: asyncio.Future[str] = loop.create_future()
+    opened = False
+
+    def status(event: StatusEvent) -> None:
+        if not opened:
+            if event.kind is EventKind.NOTIFY_SERVER_DOWN and not first_down.done():
+                first_down.set_result(event.detail)
+            return
+        if on_status is not None:
+            on_status(event)
+
+    client = MigratoryClient([url], token=token, reconnect=reconnect, on_status=status, request_timeout=TIMEOUT)
+    connecting = asyncio.ensure_future(client.connect())
+    waiting: list[asyncio.Future[Any]] = [connecting, first_down]
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    if connecting.done() and not connecting.cancelled() and connecting.exception() is None:
+        opened = True
+        first_down.cancel()
+        return client
+    connecting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await connecting
+    await client.close()
+    if first_down.done() and not first_down.cancelled():
+        raise _ws_cause(first_down.result(), url)
+    raise CliError(EXIT_CONNECT, url, f"no answer within {TIMEOUT:g} s")
 
 
 def message_json(message: ClientMessage) -> dict[str, Any]:
@@ -70,6 +236,31 @@ def message_json(message: ClientMessage) -> dict[str, Any]:
     return out
 
 
+def _http_call(request: urllib.request.Request, shown: str) -> tuple[int, bytes]:
+    """Status and body of an HTTP request (HTTP errors included); connection failures as CliError."""
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
+            return int(answer.status), answer.read()
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, exc.read()
+        except (OSError, http.client.HTTPException):
+            return exc.code, b""
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        raise _os_cause(reason if isinstance(reason, BaseException) else OSError(str(reason)), shown) from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise _os_cause(exc, shown) from None
+
+
+def _error_text(body: bytes, fallback: str) -> str:
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return fallback
+    return str(document.get("error", fallback)) if isinstance(document, dict) else fallback
+
+
 def publish(
     url: str = typer.Argument(..., help="Server URL: ws://host:port or http://host:port."),
     subject: str = typer.Argument(..., help="Subject, e.g. /Stocks/NYSE/IBM."),
@@ -79,15 +270,22 @@ def publish(
     retained: bool = typer.Option(True, "--retained/--no-retained", help="Whether it updates the snapshot."),
 ) -> None:
     """Publish one message and print the server's publish status (exit 1 unless OK or NO_SUBSCRIBER)."""
-    fields = _parse_fields(field)
+    try:
+        fields = _parse_fields(field, url)
+        ws_url = _ws_url(url)
+    except CliError as error:
+        _fail(error)
     data = sys.stdin.buffer.read() if content == "-" else content.encode("utf-8")
     if url.startswith(("http://", "https://")):
-        status = _http_publish(url, subject, data, fields, token, retained)
+        try:
+            status = _http_publish(url, subject, data, fields, token, retained)
+        except CliError as error:
+            _fail(error)
     else:
-        status = asyncio.run(_ws_publish(_ws_url(url), subject, data, fields, token, retained))
+        status = _run(url, _ws_publish(ws_url, subject, data, fields, token, retained))
     typer.echo(status)
     if status not in ("OK", "NO_SUBSCRIBER"):
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _http_publish(url: str, subject: str, data: bytes, fields: dict[str, str], token: str, retained: bool) -> str:
@@ -107,23 +305,33 @@ def _http_publish(url: str, subject: str, data: bytes, fields: dict[str, str], t
                 "retained": retained,
             }
         body, headers = json.dumps(document).encode(), {"Content-Type": "application/json"}
-    target = f"{_http_url(url).rstrip('/')}/publish?{urllib.parse.urlencode(query)}"
-    request = urllib.request.Request(target, data=body, headers=headers, method="POST")
+    endpoint = f"{_http_url(url).rstrip('/')}/publish"  # shown in errors: without the query (and its token)
+    request = urllib.request.Request(
+        f"{endpoint}?{urllib.parse.urlencode(query)}", data=body, headers=headers, method="POST"
+    )
+    code, answer = _http_call(request, endpoint)
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return str(json.loads(answer.read())["status"])
-    except urllib.error.HTTPError as exc:
-        payload = json.loads(exc.read() or b"{}")
-        _err.print(f"error: HTTP {exc.code}: {payload.get('error', exc.reason)}", markup=False)
-        return str(payload.get("status", "FAILED"))
-    except OSError as exc:
-        _err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(1) from None
+        document = json.loads(answer)
+        status = document.get("status") if isinstance(document, dict) else None
+    except ValueError:
+        status = None
+    if code >= 400:
+        reason = _error_text(answer, http.client.responses.get(code, ""))
+        if not isinstance(status, str):  # not a publish status: the server refused the request itself
+            raise CliError(EXIT_REFUSED, endpoint, f"HTTP {code}: {reason}")
+        _err.print(f"error: {endpoint}: HTTP {code}: {reason}", markup=False)
+        return status
+    if not isinstance(status, str):
+        raise CliError(EXIT_REFUSED, endpoint, f"HTTP {code} without a publish status: not a MigratoryData server?")
+    return status
 
 
 async def _ws_publish(url: str, subject: str, data: bytes, fields: dict[str, str], token: str, retained: bool) -> str:
-    async with MigratoryClient([url], token=token, reconnect=False) as client:
+    client = await _open(url, token, reconnect=False)
+    try:
         return (await client.publish(subject, data, fields=fields, retained=retained)).name
+    finally:
+        await client.close()
 
 
 def subscribe(
@@ -134,9 +342,17 @@ def subscribe(
     count: int = typer.Option(0, "--count", help="Exit after this many messages (0 = run until interrupted)."),
     token: str = typer.Option("", "--token", help="Entitlement token."),
 ) -> None:
-    """Subscribe and print messages as they arrive (the snapshot first)."""
+    """Subscribe and print messages as they arrive (the snapshot first); reconnects once connected."""
+    try:
+        ws_url = _ws_url(url)
+        if conflation < 0:
+            raise CliError(EXIT_USAGE, url, f"--conflation must be 0 or more milliseconds, got {conflation}")
+        if count < 0:
+            raise CliError(EXIT_USAGE, url, f"--count must be 0 or more, got {count}")
+    except CliError as error:
+        _fail(error)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_subscribe(_ws_url(url), subjects, conflation, as_json, count, token))
+        _run(url, _subscribe(ws_url, subjects, conflation, as_json, count, token))
 
 
 async def _subscribe(url: str, subjects: list[str], conflation: int, as_json: bool, count: int, token: str) -> None:
@@ -146,10 +362,14 @@ async def _subscribe(url: str, subjects: list[str], conflation: int, as_json: bo
         if event.kind in (EventKind.SUBSCRIBE_DENY, EventKind.ERROR, EventKind.NOTIFY_SERVER_DOWN):
             _err.print(f"{event.kind.value}: {event.subject} {event.detail}".replace("  ", " "), markup=False)
 
-    async with MigratoryClient([url], token=token, on_status=on_status) as client:
-        statuses = await client.subscribe(subjects, conflation)
+    client = await _open(url, token, reconnect=True, on_status=on_status)
+    try:
+        try:
+            statuses = await client.subscribe(subjects, conflation)
+        except TimeoutError:
+            raise CliError(EXIT_CONNECT, url, f"no subscribe status within {TIMEOUT:g} s") from None
         if not any(s == Status.OK for s in statuses.values()):
-            raise typer.Exit(1)
+            raise typer.Exit(EXIT_FAILED)
         received = 0
         while count == 0 or received < count:
             message = await client.next_message()
@@ -160,6 +380,8 @@ async def _subscribe(url: str, subjects: list[str], conflation: int, as_json: bo
                 fields = " ".join(f"{k}={v}" for k, v in message.fields.items())
                 text = message.content.decode("utf-8", "replace")
                 out.print(f"{message.type.name} {message.subject} {text} {fields}".rstrip(), markup=False)
+    finally:
+        await client.close()
 
 
 def snapshot(
@@ -169,30 +391,30 @@ def snapshot(
     as_json: bool = typer.Option(False, "--json", help="Print the JSON form (subject, content, fields, seq, epoch)."),
 ) -> None:
     """Fetch a subject's snapshot over HTTP (exit 1 if there is none or it is refused)."""
+    try:
+        endpoint = f"{_http_url(url).rstrip('/')}/snapshot"  # shown in errors: without the query (and its token)
+    except CliError as error:
+        _fail(error)
     query = {"subject": subject}
     if token:
         query["token"] = token
-    target = f"{_http_url(url).rstrip('/')}/snapshot?{urllib.parse.urlencode(query)}"
     headers = {"Accept": "application/json"} if as_json else {}
     try:
-        with urllib.request.urlopen(urllib.request.Request(target, headers=headers), timeout=10) as answer:
-            body = answer.read()
-    except urllib.error.HTTPError as exc:
-        try:
-            reason = json.loads(exc.read()).get("error", exc.reason)
-        except ValueError:
-            reason = exc.reason
-        _err.print(f"error: HTTP {exc.code}: {reason}", markup=False)
-        raise typer.Exit(1) from None
-    except OSError as exc:
-        _err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(1) from None
+        code, body = _http_call(
+            urllib.request.Request(f"{endpoint}?{urllib.parse.urlencode(query)}", headers=headers), endpoint
+        )
+    except CliError as error:
+        _fail(error)
+    if code >= 400:
+        reason = _error_text(body, http.client.responses.get(code, ""))
+        # 400 (invalid subject), 403 (refused), 404 (no snapshot) answer the request; anything else refuses it
+        _fail(CliError(EXIT_FAILED if code in (400, 403, 404) else EXIT_REFUSED, endpoint, f"HTTP {code}: {reason}"))
     sys.stdout.buffer.write(body + (b"\n" if as_json else b""))
     sys.stdout.flush()
 
 
 def register(app: typer.Typer) -> None:
     """Attach the client commands to ``app``."""
-    app.command("publish")(publish)
-    app.command("subscribe")(subscribe)
-    app.command("snapshot")(snapshot)
+    app.command("publish", epilog=EXIT_CODES_HELP)(publish)
+    app.command("subscribe", epilog=EXIT_CODES_HELP)(subscribe)
+    app.command("snapshot", epilog=EXIT_CODES_HELP)(snapshot)
