@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from migratory_cli import bench_cmd, cert_cmd, client_cmds, cluster_cmd, config_cmds, logs_cmd, serve_cmd
+from migratory_cli import bench_cmd, cert_cmd, client_cmds, cluster_cmd, config_cmds, logs_cmd, serve_cmd, status_cmd
 
 app = typer.Typer(
     name="migratory",
@@ -16,6 +16,7 @@ app = typer.Typer(
 )
 
 app.command("serve")(serve_cmd.serve)
+app.command("status")(status_cmd.status)
 app.add_typer(config_cmds.app, name="config")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(cert_cmd.app, name="cert")
