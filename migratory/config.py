@@ -484,6 +484,29 @@ class Config:
         "The password that goes with MonitorHTTP.Username.",
         shown="",
     )
+    monitor_listen_encrypted: tuple[Endpoint, ...] = key(
+        "MonitorHTTP.ListenEncrypted",
+        (),
+        _parse_optional_endpoints,
+        "TLS listeners of the monitoring service (https://), with the TLSCertificate and TLSKey of "
+        "ListenEncrypted, reloaded on SIGHUP; none disables them.",
+        shown="none",
+    )
+    monitor_push_interval: int = key(
+        "MonitorPushInterval",
+        10,
+        _int_parser(0, 3600),
+        "Seconds (not milliseconds) between two publications of the node's statistics on the meta-subject "
+        "/migratory/stats/node (in a cluster, /migratory/stats/member-N from each member), which any "
+        "entitled client may subscribe to and no client may publish on; 0 disables it.",
+    )
+    stats_log_interval: int = key(
+        "Stats.LogInterval",
+        60,
+        _int_parser(0, 86400),
+        "Seconds (not milliseconds) between two lines of stats.log, every indicator of the node "
+        "(docs/logs.md); 0 disables the stats log.",
+    )
     entitlement: str = key(
         "Entitlement",
         "None",
@@ -713,6 +736,8 @@ class Config:
             out.append("Entitlement: JWT needs EntitlementJwtSecret or EntitlementJwtPublicKey")
         if self.entitlement == "Custom" and not self.entitlement_custom_class:
             out.append("Entitlement: Custom needs EntitlementCustomClass")
+        if self.monitor_listen_encrypted and not (self.tls_certificate and self.tls_key):
+            out.append("MonitorHTTP.ListenEncrypted: needs TLSCertificate and TLSKey")
         if bool(self.monitor_username) != bool(self.monitor_password):
             out.append("MonitorHTTP.Password: MonitorHTTP.Username and MonitorHTTP.Password go together")
         if self.batching_size and not self.batching_time:

@@ -7,15 +7,22 @@ last 1/5/15 minutes, hours, days and months. Samples are taken once per second;
 to cover 15 months without keeping 39 million samples, each resolution (second,
 minute, hour, day) keeps a ring of aggregates (count, sum, sum of squares, max) of
 the per-second values, so every window's statistics are exact.
+
+The rings live in one flat buffer (:class:`NodeStats` over any writable buffer): the
+server puts it in memory shared by all its processes, so one process samples, any
+process answers, a restarted worker changes nothing, and the bytes can be saved to
+``StateFolder`` and loaded back so the history survives a restart of the server. A
+sequence counter around every update lets readers retry instead of seeing half of one.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import dataclass, field
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-__all__ = ["INDICATORS", "WINDOWS", "Aggregate", "IndicatorWindows", "NodeStats"]
+__all__ = ["INDICATORS", "WINDOWS", "Aggregate", "NodeStats", "buffer_size"]
 
 INDICATORS = (
     "connected_clients",
@@ -26,6 +33,9 @@ INDICATORS = (
     "bytes_in_per_second",
     "bytes_out_per_second",
 )
+
+# the cumulative counters the rates come from (every process adds its own)
+RATE_COUNTERS = ("connections_total", "disconnections_total", "messages_in", "messages_out", "bytes_in", "bytes_out")
 
 MINUTE = 60
 HOUR = 3600
@@ -50,6 +60,18 @@ WINDOWS: dict[str, int] = {
 
 # resolution (seconds per bucket) -> buckets kept; each window uses the finest ring that spans it
 _RINGS = ((1, 15 * MINUTE), (MINUTE, 15 * HOUR // MINUTE), (HOUR, 15 * DAY // HOUR), (DAY, 15 * MONTH // DAY))
+
+MAGIC = 0x6D675354  # "mgST"
+LAYOUT = 2
+_HEADER = struct.Struct(f"<IIqqq{len(RATE_COUNTERS)}q{len(INDICATORS)}d")  # magic, layout, generation, last, started
+_RING_HEAD = struct.Struct("<qq")  # index of the newest bucket, buckets in use
+_BUCKET = struct.Struct("<qqddd")  # start second, n, total, squares, peak
+
+
+def buffer_size() -> int:
+    """Bytes of the buffer a :class:`NodeStats` needs."""
+    per_indicator = sum(_RING_HEAD.size + size * _BUCKET.size for _, size in _RINGS)
+    return _HEADER.size + len(INDICATORS) * per_indicator
 
 
 @dataclass(slots=True)
@@ -83,83 +105,127 @@ class Aggregate:
         return {"max": self.peak, "avg": mean, "stddev": math.sqrt(variance), "samples": self.n}
 
 
-@dataclass(slots=True)
-class _Ring:
-    width: int
-    size: int
-    buckets: deque[tuple[int, Aggregate]] = field(default_factory=deque)
-
-    def add(self, second: int, value: float) -> None:
-        start = second - second % self.width
-        if not self.buckets or self.buckets[-1][0] != start:
-            self.buckets.append((start, Aggregate()))
-            while len(self.buckets) > self.size:
-                self.buckets.popleft()
-        self.buckets[-1][1].add(value)
-
-    def window(self, now: int, seconds: int) -> Aggregate:
-        out = Aggregate()
-        for start, agg in reversed(self.buckets):
-            if start + self.width <= now - seconds:
-                break
-            out.merge(agg)
-        return out
-
-
-class IndicatorWindows:
-    """Per-second samples of one indicator, summarised over every window."""
-
-    __slots__ = ("_rings", "current")
-
-    def __init__(self) -> None:
-        self._rings = [_Ring(width, size) for width, size in _RINGS]
-        self.current = 0.0
-
-    def add(self, second: int, value: float) -> None:
-        self.current = value
-        for ring in self._rings:
-            ring.add(second, value)
-
-    def summary(self, now: int) -> dict[str, dict[str, float]]:
-        out = {}
-        for name, seconds in WINDOWS.items():
-            ring = next(r for r in self._rings if r.width * r.size >= seconds)
-            out[name] = ring.window(now, seconds).summary()
-        return out
-
-
 class NodeStats:
-    """The seven indicators from cumulative counters sampled once per second.
+    """The seven indicators of a node, in a flat buffer (shared memory, a saved file, a bytearray)."""
 
-    ``sample`` takes the node-wide cumulative counters (summed over workers by the
-    caller) and turns them into per-second rates; a counter that went down (a
-    worker restarted from zero) counts from zero again instead of going negative.
-    """
+    __slots__ = ("_buf", "_offsets")
 
-    __slots__ = ("_last", "indicators")
+    def __init__(self, buffer: bytearray | memoryview | None = None) -> None:
+        self._buf = memoryview(buffer if buffer is not None else bytearray(buffer_size()))
+        if len(self._buf) < buffer_size():
+            raise ValueError("statistics buffer too small")
+        self._offsets: list[list[int]] = []
+        offset = _HEADER.size
+        for _ in INDICATORS:
+            rings = []
+            for _, size in _RINGS:
+                rings.append(offset)
+                offset += _RING_HEAD.size + size * _BUCKET.size
+            self._offsets.append(rings)
+        magic, layout, *_ = _HEADER.unpack_from(self._buf, 0)
+        if magic != MAGIC or layout != LAYOUT:
+            self.reset()
 
-    def __init__(self) -> None:
-        self.indicators = {name: IndicatorWindows() for name in INDICATORS}
-        self._last: dict[str, int] | None = None
+    def reset(self) -> None:
+        self._buf[: buffer_size()] = bytes(buffer_size())
+        _HEADER.pack_into(self._buf, 0, MAGIC, LAYOUT, 0, 0, 0, *([0] * len(RATE_COUNTERS)), *([0.0] * len(INDICATORS)))
 
-    def sample(self, second: int, connected: int, counters: dict[str, int]) -> None:
-        last = self._last or counters
-        rate = {k: (v - last.get(k, 0)) if v >= last.get(k, 0) else v for k, v in counters.items()}
-        self._last = dict(counters)
-        values = {
-            "connected_clients": connected,
-            "connections_per_second": rate.get("connections_total", 0),
-            "disconnections_per_second": rate.get("disconnections_total", 0),
-            "messages_in_per_second": rate.get("messages_in", 0),
-            "messages_out_per_second": rate.get("messages_out", 0),
-            "bytes_in_per_second": rate.get("bytes_in", 0),
-            "bytes_out_per_second": rate.get("bytes_out", 0),
-        }
-        for name, value in values.items():
-            self.indicators[name].add(second, float(value))
+    def load(self, data: bytes) -> bool:
+        """Adopt saved bytes when their layout matches (otherwise keep the current history)."""
+        if len(data) != buffer_size():
+            return False
+        magic, layout, *_ = _HEADER.unpack_from(data, 0)
+        if magic != MAGIC or layout != LAYOUT:
+            return False
+        self._buf[: buffer_size()] = data
+        return True
+
+    def dump(self) -> bytes:
+        return bytes(self._buf[: buffer_size()])
+
+    # --- writing (one process, once a second) ----------------------------------------------
+
+    def sample(self, second: int, connected: int, counters: Mapping[str, int]) -> None:
+        """Turn node-wide cumulative counters into per-second rates and add one sample of each indicator.
+
+        The first sample after a start (or a counter that went down) is a baseline, not a rate.
+        """
+        header = list(_HEADER.unpack_from(self._buf, 0))
+        generation, last_second, started = header[2], header[3], header[4]
+        last = header[5 : 5 + len(RATE_COUNTERS)]
+        now = [int(counters.get(name, 0)) for name in RATE_COUNTERS]
+        fresh = started == 0 or any(n < p for n, p in zip(now, last, strict=True)) or second <= last_second
+        rates = [0 if fresh else n - p for n, p in zip(now, last, strict=True)]
+        values = [float(connected), *(float(r) for r in rates)]
+        self._set_generation(generation + 1)  # odd: an update is under way
+        for index, value in enumerate(values):
+            if not fresh or index == 0:
+                for ring, (width, size) in zip(self._offsets[index], _RINGS, strict=True):
+                    self._add(ring, width, size, second, value)
+        _HEADER.pack_into(self._buf, 0, MAGIC, LAYOUT, generation + 2, second, started or second, *now, *values)
+
+    def _set_generation(self, value: int) -> None:
+        struct.pack_into("<q", self._buf, 8, value)
+
+    def _add(self, ring: int, width: int, size: int, second: int, value: float) -> None:
+        head, used = _RING_HEAD.unpack_from(self._buf, ring)
+        start = second - second % width
+        slot = ring + _RING_HEAD.size + head * _BUCKET.size
+        current_start, n, total, squares, peak = _BUCKET.unpack_from(self._buf, slot)
+        if not used or current_start != start:
+            head = (head + 1) % size if used else 0
+            used = min(size, used + 1)
+            slot = ring + _RING_HEAD.size + head * _BUCKET.size
+            n, total, squares, peak = 0, 0.0, 0.0, 0.0
+            _RING_HEAD.pack_into(self._buf, ring, head, used)
+        peak = value if n == 0 else max(peak, value)
+        _BUCKET.pack_into(self._buf, slot, start, n + 1, total + value, squares + value * value, peak)
+
+    # --- reading (any process) -------------------------------------------------------------
+
+    def _window(self, ring: int, width: int, size: int, now: int, seconds: int) -> Aggregate:
+        head, used = _RING_HEAD.unpack_from(self._buf, ring)
+        out = Aggregate()
+        for k in range(used):
+            index = (head - k) % size
+            start, n, total, squares, peak = _BUCKET.unpack_from(
+                self._buf, ring + _RING_HEAD.size + index * _BUCKET.size
+            )
+            if start + width <= now - seconds:
+                break
+            out.merge(Aggregate(n, total, squares, peak))
+        return out
 
     def report(self, now: int) -> dict[str, object]:
-        return {
-            name: {"current": windows.current, "windows": windows.summary(now)}
-            for name, windows in self.indicators.items()
-        }
+        """Every indicator's current value and its windows (consistent: retried while being written)."""
+        for _ in range(100):
+            before = struct.unpack_from("<q", self._buf, 8)[0]
+            if before % 2:
+                continue
+            out = self._report(now)
+            if struct.unpack_from("<q", self._buf, 8)[0] == before:
+                return out
+        return self._report(now)
+
+    def _report(self, now: int) -> dict[str, object]:
+        header = _HEADER.unpack_from(self._buf, 0)
+        current = header[5 + len(RATE_COUNTERS) :]
+        out: dict[str, object] = {}
+        for index, name in enumerate(INDICATORS):
+            windows = {}
+            for window, seconds in WINDOWS.items():
+                k = next(i for i, (w, size) in enumerate(_RINGS) if w * size >= seconds)
+                width, size = _RINGS[k]
+                windows[window] = self._window(self._offsets[index][k], width, size, now, seconds).summary()
+            out[name] = {"current": current[index], "windows": windows}
+        return out
+
+    def current(self) -> dict[str, float]:
+        header = _HEADER.unpack_from(self._buf, 0)
+        return dict(zip(INDICATORS, header[5 + len(RATE_COUNTERS) :], strict=True))
+
+    @property
+    def history_seconds(self) -> int:
+        """How long this history has been sampled (0 before the first sample)."""
+        header = _HEADER.unpack_from(self._buf, 0)
+        return int(header[3] - header[4]) if header[4] else 0

@@ -112,6 +112,11 @@ def _setup_logging(config: Config) -> None:
     root.addHandler(console)
 
 
+def listener_names(config: Config) -> tuple[str, ...]:
+    """The client listeners, as the access log and the monitor name them."""
+    return tuple(str(e) for e in (*config.listen, *config.listen_encrypted))
+
+
 def _factory(engine: Engine, listener: str, scheme: str) -> Callable[[], Connection]:
     return lambda: Connection(engine, listener, scheme)
 
@@ -157,7 +162,7 @@ async def serve(
             ready.cancel()
         elif not ready.result():
             log.warning("worker %d: not every peer worker answered; serving anyway", worker)
-    monitor = Monitor(engine, counters or SharedCounters(workers))
+    monitor = Monitor(engine, counters or SharedCounters(workers, listener_names(config), config.state_folder))
     engine.on_tick.append(monitor.tick)
     engine.start()
     servers = []
@@ -175,6 +180,16 @@ async def serve(
             )
         elif scheme == "monitor":
             servers.append(await loop.create_server(lambda: MonitorConnection(monitor), sock=sock, backlog=BACKLOG))
+        elif scheme == "monitor-tls":
+            servers.append(
+                await loop.create_server(
+                    lambda: MonitorConnection(monitor),
+                    sock=sock,
+                    backlog=BACKLOG,
+                    ssl=tls,
+                    ssl_handshake_timeout=config.handshake_timeout / 1000.0,
+                )
+            )
         else:
             servers.append(await loop.create_server(_factory(engine, listener, scheme), sock=sock, backlog=BACKLOG))
     log.info(
@@ -188,6 +203,7 @@ async def serve(
     await stop.wait()
     for server in servers:
         server.close()
+    monitor.close()
     await engine.shutdown()
     if engine.bus is not None:
         await engine.bus.close()
@@ -265,7 +281,7 @@ def run(config: Config, config_path: str = "") -> int:
         print(f"{config_path}: cannot write logs or state: {exc}", file=sys.stderr)
         return 2
     tls: ssl.SSLContext | None = None
-    if config.listen_encrypted:
+    if config.listen_encrypted or config.monitor_listen_encrypted:
         try:
             tls = build_context(config)
         except CertError as exc:
@@ -277,6 +293,7 @@ def run(config: Config, config_path: str = "") -> int:
         [(e, "ws") for e in config.listen]
         + [(e, "wss") for e in config.listen_encrypted]
         + [(e, "monitor") for e in config.monitor_listen]
+        + [(e, "monitor-tls") for e in config.monitor_listen_encrypted]
     )
     member_sock: socket.socket | None = None
     try:
@@ -358,7 +375,7 @@ def _supervise(
     workers = len(per_worker)
     namespace = f"{os.getpid()}-{secrets.token_hex(4)}"
     secret = secrets.token_bytes(32)  # proves, on the bus, that a process was forked by this supervisor
-    counters = SharedCounters(workers)
+    counters = SharedCounters(workers, listener_names(config), config.state_folder)
     children_count = workers + (1 if config.clustered else 0)
     children: dict[int, int] = {}
     stopping = False
@@ -481,6 +498,7 @@ def _supervise(
         if lived < 1.0:
             time.sleep(1.0)  # do not spin on a worker that dies at start
         incarnations[index] += 1
+        counters.count_restart()
         if not stopping:
             spawn(index, incarnations[index])
     log.info("server stopped")

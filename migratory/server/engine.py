@@ -86,6 +86,8 @@ class PublishResult:
 
 
 Reply = Callable[["PublishResult"], None]
+RESERVED_PREFIX = "/migratory/"
+INTERNAL = Origin("127.0.0.1", 0, "server", "internal")
 CUSTOM_ENTITLEMENT_TIMEOUT = 5.0
 FORWARD_TIMEOUT = 8.0  # the member agent answers within 6 s, the client library waits 10 s
 
@@ -142,6 +144,9 @@ class Stats:
     messages_recovered: int = 0
     resyncs: int = 0
     timer_errors: int = 0
+    subscriptions: int = 0
+    subjects: int = 0
+    snapshots: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -216,6 +221,8 @@ class Engine:
         self._timer_error_logged: dict[str, float] = {}
         self._closed = False
         self.on_tick: list[Callable[[], None]] = []
+        self.denied_reasons: dict[str, int] = {}
+        self.listener_connections: dict[str, int] = {}
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -256,6 +263,7 @@ class Engine:
             self._unschedule(conn)
         subjects = subject_set_items(conn.subscriptions)
         conn.subscriptions = ()
+        self.stats.subscriptions -= len(subjects)
         for subject in subjects:
             self.index.remove(subject, conn)
             self._interest_changed(subject)
@@ -395,6 +403,8 @@ class Engine:
             return Status.DENIED, denial[1]
         period = round_conflation(conflation_ms)
         subject = sys.intern(subject)  # one string per subject, not one per subscriber
+        if not subject_set_contains(conn.subscriptions, subject):
+            self.stats.subscriptions += 1
         self.index.add(subject, conn, period)
         conn.subscriptions = subject_set_add(conn.subscriptions, subject)
         self._interest_changed(subject)
@@ -429,6 +439,7 @@ class Engine:
         conn.subscriptions, found = subject_set_remove(conn.subscriptions, subject)
         if not found:
             return False
+        self.stats.subscriptions -= 1
         self.index.remove(subject, conn)
         self._interest_changed(subject)
         self.access("unsubscribe", conn, subject=subject)
@@ -450,6 +461,11 @@ class Engine:
             self.deny(origin, "publish", "invalid_subject", reason, message.subject)
             reply(PublishResult(Status.INVALID_SUBJECT, reason, "invalid_subject"))
             return
+        if message.subject.startswith(RESERVED_PREFIX):
+            reason = f"subjects under {RESERVED_PREFIX} are the server's own (monitoring); clients cannot publish there"
+            self.deny(origin, "publish", "reserved_subject", reason, message.subject)
+            reply(PublishResult(Status.DENIED, reason, "reserved_subject"))
+            return
         if len(message.content) > self.max_message_size:
             reason = f"content of {len(message.content)} bytes exceeds MessageSizeLimit ({self.max_message_size})"
             self.deny(origin, "publish", "message_too_big", reason, message.subject)
@@ -468,6 +484,10 @@ class Engine:
             reply(PublishResult(Status.DENIED, denial[1], denial[0]))
             return
         self._route(message, origin, reply, start)
+
+    def publish_internal(self, subject: str, content: bytes, fields: Mapping[str, str]) -> None:
+        """The server's own publication (monitoring): no entitlement, no publisher to answer."""
+        self._route(Message(subject, content, fields), INTERNAL, lambda result: None, time.perf_counter_ns())
 
     async def _publish_after_decision(self, message: Message, origin: Origin, reply: Reply, start: int) -> None:
         denial = await self.custom_decision("authorize_publish", origin, message.subject)
@@ -779,6 +799,10 @@ class Engine:
     # --- logs -----------------------------------------------------------------------
 
     def access(self, event: str, conn: Connection, **fields: Any) -> None:
+        if event == "connect":
+            self.listener_connections[conn.listener] = self.listener_connections.get(conn.listener, 0) + 1
+        elif event == "disconnect":
+            self.listener_connections[conn.listener] = self.listener_connections.get(conn.listener, 0) - 1
         if self.access_log is not None:
             self.access_log.write({"event": event, **conn.log_fields(), **fields})
 
@@ -792,6 +816,7 @@ class Engine:
     ) -> None:
         """Count and log one refused request (every refusal is logged once, with its reason)."""
         self.stats.denied += 1
+        self.denied_reasons[reason_code] = self.denied_reasons.get(reason_code, 0) + 1
         if self.access_log is not None:
             self.access_log.write(
                 {

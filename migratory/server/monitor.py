@@ -1,10 +1,19 @@
-"""The HTTP monitoring service (``MonitorHTTP.Listen``): node-wide indicators.
+"""The monitoring service (``MonitorHTTP.Listen`` / ``ListenEncrypted``): one node, one history.
 
-Every worker publishes its cumulative counters once per second into its slot of a
-small shared memory area, and reads every slot, so whichever worker answers a
-monitoring request reports the whole node. Endpoints: ``/stats`` (the seven
-indicators with max/avg/stddev over 1/5/15 minutes ... months, JSON), ``/metrics``
-(Prometheus text), ``/health``. Optional HTTP Basic authentication.
+Every process of the node adds its cumulative counters, once per second, into its
+slot of a small shared memory area; the supervisor counts worker restarts in a slot of
+its own; and the windowed statistics (migratory/stats.py) live in the same shared
+memory. Worker 0, the *keeper*, samples the node-wide totals into the windows once a
+second, saves them under ``StateFolder`` (so months of history survive a restart of
+the server), writes stats.log every ``Stats.LogInterval`` seconds and publishes the
+statistics on ``/migratory/stats/...`` every ``MonitorPushInterval`` seconds. Whichever
+worker answers a request reports the whole node, and a restarted worker (the keeper
+too) finds everything where it was: a restarted worker's slot starts from what its
+predecessor had counted.
+
+Endpoints: ``/stats`` (JSON), ``/metrics`` (Prometheus text, migratory/metrics.py),
+``/health``, ``/cluster`` (a cluster member), ``/dashboard`` (a live page). Optional
+HTTP Basic authentication, compared in constant time.
 """
 
 from __future__ import annotations
@@ -12,18 +21,34 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import json
+import logging
 import mmap
+import os
 import struct
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from migratory import metrics
 from migratory.http import HttpError, json_response, parse_request_head, response
-from migratory.stats import NodeStats
+from migratory.logs import JsonLineWriter
+from migratory.stats import INDICATORS, NodeStats, buffer_size
 
 if TYPE_CHECKING:
     from migratory.server.engine import Engine
 
-__all__ = ["COUNTERS", "Monitor", "MonitorConnection", "SharedCounters", "cluster_document"]
+__all__ = [
+    "COUNTERS",
+    "DENIAL_REASONS",
+    "META_PREFIX",
+    "Monitor",
+    "MonitorConnection",
+    "SharedCounters",
+    "cluster_document",
+]
+
+log = logging.getLogger("migratory.server")
 
 COUNTERS = (
     "connections",
@@ -36,127 +61,267 @@ COUNTERS = (
     "slow_consumers_disconnected",
     "messages_dropped",
     "denied",
+    "subscriptions",
+    "subjects",
+    "snapshots",
+    "messages_recovered",
+    "resyncs",
+    "timer_errors",
 )
-_SLOT = struct.Struct(f"!{len(COUNTERS)}q")
+GAUGES = frozenset({"connections", "subscriptions", "subjects", "snapshots"})
+NODE_WIDE_GAUGES = frozenset({"subjects", "snapshots"})  # every worker holds all of them: the node's is the largest
+DENIAL_REASONS = (
+    "invalid_subject",
+    "message_too_big",
+    "entitlement",
+    "address_not_allowed",
+    "subscription_limit",
+    "malformed",
+    "rate_limited",
+    "not_connected",
+    "slow_consumer",
+    "bad_request",
+    "not_ready",
+    "reserved_subject",
+)
+META_PREFIX = "/migratory/stats/"
+HISTORY_FILE = "stats-history.bin"
+SAVE_EVERY = 60.0
+_SUPERVISOR = struct.Struct("<qqq")  # worker restarts, supervisor pid, start time
 
 
 class SharedCounters:
-    """One slot of counters per worker in anonymous shared memory.
+    """Counter slots per worker, the supervisor's slot and the node's statistics, in anonymous shared memory.
 
-    The supervisor creates it before forking, so every worker (a restarted one
-    too) maps the same pages; nothing is left on disk.
+    The supervisor creates it before forking, so every worker (a restarted one too)
+    maps the same pages; nothing is left on disk but the saved statistics history.
     """
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, listeners: tuple[str, ...] = (), state_folder: str | None = None) -> None:
         self.workers = workers
-        size = _SLOT.size * workers
+        self.listeners = listeners
+        self._slot = struct.Struct(f"<{len(COUNTERS) + len(DENIAL_REASONS) + len(listeners)}q")
+        self._stats_at = _SUPERVISOR.size + self._slot.size * workers
+        size = self._stats_at + buffer_size()
         self._map: mmap.mmap | bytearray = mmap.mmap(-1, size) if workers > 1 else bytearray(size)
+        self.stats = NodeStats(memoryview(self._map)[self._stats_at :])
+        self.history = Path(state_folder) / HISTORY_FILE if state_folder else None
+        if self.history is not None:
+            try:
+                if not self.stats.load(self.history.read_bytes()):
+                    log.warning("%s: not a statistics history of this version; starting a new one", self.history)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot read the statistics history %s: %s", self.history, exc)
+        _SUPERVISOR.pack_into(self._map, 0, 0, os.getpid(), int(time.time()))
 
-    def write(self, worker: int, values: dict[str, int]) -> None:
-        _SLOT.pack_into(self._map, worker * _SLOT.size, *(values.get(name, 0) for name in COUNTERS))
+    # --- slots ------------------------------------------------------------------------------
+
+    def read(self, worker: int) -> list[int]:
+        return list(self._slot.unpack_from(self._map, _SUPERVISOR.size + worker * self._slot.size))
+
+    def write(self, worker: int, values: list[int]) -> None:
+        self._slot.pack_into(self._map, _SUPERVISOR.size + worker * self._slot.size, *values)
+
+    def count_restart(self) -> None:
+        restarts, pid, started = _SUPERVISOR.unpack_from(self._map, 0)
+        _SUPERVISOR.pack_into(self._map, 0, restarts + 1, pid, started)
+
+    def supervisor(self) -> tuple[int, int, int]:
+        restarts, pid, started = _SUPERVISOR.unpack_from(self._map, 0)
+        return int(restarts), int(pid), int(started)
+
+    def node(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """Node-wide (totals, denials by reason, connections per listener)."""
+        columns = [self.read(w) for w in range(self.workers)]
+        sums = [sum(values) for values in zip(*columns, strict=True)] if columns else []
+        peaks = [max(values) for values in zip(*columns, strict=True)] if columns else []
+        totals = {name: (peaks[i] if name in NODE_WIDE_GAUGES else sums[i]) for i, name in enumerate(COUNTERS)}
+        offset = len(COUNTERS)
+        denied = {r: sums[offset + i] for i, r in enumerate(DENIAL_REASONS)}
+        offset += len(DENIAL_REASONS)
+        listeners = {name: sums[offset + i] for i, name in enumerate(self.listeners)}
+        return totals, denied, listeners
 
     def totals(self) -> dict[str, int]:
-        sums = [0] * len(COUNTERS)
-        for worker in range(self.workers):
-            for i, value in enumerate(_SLOT.unpack_from(self._map, worker * _SLOT.size)):
-                sums[i] += value
-        return dict(zip(COUNTERS, sums, strict=True))
+        return self.node()[0]
+
+    def save(self) -> None:
+        """Write the statistics history to StateFolder (atomically)."""
+        if self.history is None:
+            return
+        tmp = self.history.with_suffix(".tmp")
+        tmp.write_bytes(self.stats.dump())
+        os.replace(tmp, self.history)
+
+
+def _process_tree(root: int) -> list[int]:
+    out = [root]
+    try:
+        children = Path(f"/proc/{root}/task/{root}/children").read_text().split()
+    except OSError:
+        return out
+    for child in children:
+        out.extend(_process_tree(int(child)))
+    return out
+
+
+def process_figures(root: int) -> dict[str, float]:
+    """CPU seconds and resident memory of the server's processes, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    page = os.sysconf("SC_PAGE_SIZE")
+    cpu = 0.0
+    rss = 0.0
+    pids = _process_tree(root)
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu += (int(fields[11]) + int(fields[12])) / ticks
+        rss += int(fields[21]) * page
+    return {"cpu_seconds": round(cpu, 2), "rss_bytes": rss, "processes": len(pids)}
 
 
 class Monitor:
-    """Samples the node's counters every second (driven by the engine's tick)."""
+    """This worker's part of monitoring; worker 0 also keeps the node's history."""
 
     def __init__(self, engine: Engine, shared: SharedCounters) -> None:
         self.engine = engine
         self.shared = shared
-        self.node = NodeStats()
+        self.node = shared.stats
+        self.keeper = engine.worker == 0
         self.started = time.time()
-        self.tick()  # the baseline: rates count from now, not from the node's whole history
+        self.base = shared.read(engine.worker)  # what this worker's predecessors counted: totals never go down
+        for i, name in enumerate(COUNTERS):
+            if name in GAUGES:
+                self.base[i] = 0
+        offset = len(COUNTERS) + len(DENIAL_REASONS)
+        for i in range(len(shared.listeners)):
+            self.base[offset + i] = 0
+        config = engine.config
+        self.stats_log: JsonLineWriter | None = None
+        if self.keeper and config.stats_log_interval:
+            self.stats_log = JsonLineWriter(
+                config.log_folder, "stats.log", config.log_max_file_size, config.log_max_files
+            )
+        self._last_save = self._last_log = self._last_push = time.monotonic()
+        self.tick()
+
+    def own_values(self) -> list[int]:
+        stats = self.engine.stats.as_dict()
+        values = [stats.get(name, 0) for name in COUNTERS]
+        values += [self.engine.denied_reasons.get(reason, 0) for reason in DENIAL_REASONS]
+        values += [self.engine.listener_connections.get(name, 0) for name in self.shared.listeners]
+        return [v + b for v, b in zip(values, self.base, strict=True)]
 
     def tick(self) -> None:
-        self.shared.write(self.engine.worker, self.engine.stats.as_dict())
+        self.engine.stats.subjects = len(self.engine.replica.subjects())
+        self.engine.stats.snapshots = len(self.engine.replica)
+        self.shared.write(self.engine.worker, self.own_values())
+        if not self.keeper:
+            return
         totals = self.shared.totals()
         self.node.sample(int(time.time()), totals["connections"], totals)
+        now = time.monotonic()
+        config = self.engine.config
+        if now - self._last_save >= SAVE_EVERY:
+            self._last_save = now
+            self.save()
+        if self.stats_log is not None and now - self._last_log >= config.stats_log_interval:
+            self._last_log = now
+            self.write_stats_log()
+        if config.monitor_push_interval and now - self._last_push >= config.monitor_push_interval:
+            self._last_push = now
+            self.push()
+
+    def save(self) -> None:
+        try:
+            self.shared.save()
+        except OSError as exc:
+            log.error("cannot save the statistics history: %s", exc)
+
+    def close(self) -> None:
+        if self.keeper:
+            self.save()
+            if self.stats_log is not None:
+                self.stats_log.close()
+
+    def meta_subject(self) -> str:
+        config = self.engine.config
+        return f"{META_PREFIX}member-{config.member_index + 1}" if config.clustered else f"{META_PREFIX}node"
+
+    def snapshot(self) -> dict[str, Any]:
+        """What stats.log and the meta-subject carry: every indicator now and over the short windows."""
+        now = int(time.time())
+        report = self.node.report(now)
+        totals, denied, _ = self.shared.node()
+        document: dict[str, Any] = {
+            "node": self.meta_subject().rsplit("/", 1)[1],
+            "epoch": self.engine.epoch,
+            "uptime_s": int(time.time() - self.shared.supervisor()[2]),
+            "history_s": self.node.history_seconds,
+        }
+        for name in INDICATORS:
+            indicator = report[name]
+            assert isinstance(indicator, dict)
+            windows = indicator["windows"]
+            document[name] = {
+                "current": indicator["current"],
+                **{f"{w}_{k}": round(windows[w][k], 3) for w in ("1m", "5m", "15m") for k in ("max", "avg")},
+            }
+        document["totals"] = {k: v for k, v in totals.items()}
+        document["denied"] = {k: v for k, v in denied.items() if v}
+        return document
+
+    def write_stats_log(self) -> None:
+        assert self.stats_log is not None
+        self.stats_log.write({"event": "stats", **self.snapshot()})
+        try:
+            self.stats_log.flush()
+        except OSError as exc:
+            log.error("cannot write stats.log: %s", exc)
+
+    def push(self) -> None:
+        """PUSH monitoring: the statistics as a message any entitled client may subscribe to."""
+        body = json.dumps(self.snapshot(), separators=(",", ":")).encode()
+        self.engine.publish_internal(self.meta_subject(), body, {"kind": "stats"})
 
     def stats(self) -> dict[str, Any]:
         now = int(time.time())
+        totals, denied, listeners = self.shared.node()
+        restarts, _, started = self.shared.supervisor()
         document: dict[str, Any] = {
-            "uptime_s": int(time.time() - self.started),
+            "uptime_s": int(time.time() - started),
+            "history_s": self.node.history_seconds,
             "workers": self.engine.workers,
+            "worker_restarts": restarts,
             "epoch": self.engine.epoch,
-            "totals": self.shared.totals(),
+            "totals": totals,
+            "denied": denied,
+            "listeners": listeners,
             "indicators": self.node.report(now),
         }
         if self.engine.cluster:
             document["cluster"] = cluster_document(self.engine)
         return document
 
-    def metrics(self) -> str:
-        lines = []
-        totals = self.shared.totals()
-        for name in COUNTERS:
-            kind = "gauge" if name == "connections" else "counter"
-            metric = (
-                f"migratory_{name}" if kind == "gauge" else f"migratory_{name}_total".replace("_total_total", "_total")
-            )
-            lines.append(f"# TYPE {metric} {kind}")
-            lines.append(f"{metric} {totals[name]}")
-        for name, windows in self.node.indicators.items():
-            lines.append(f"# TYPE migratory_{name} gauge")
-            lines.append(f"migratory_{name} {windows.current}")
-        if self.engine.cluster:
-            lines.extend(self._cluster_metrics())
-        return "\n".join(lines) + "\n"
-
-    def _cluster_metrics(self) -> list[str]:
-        info = self.engine.cluster_info
-        document = cluster_document(self.engine)
-        lines = [
-            "# HELP migratory_cluster_ready Whether this member is synchronised with the cluster and serving.",
-            "# TYPE migratory_cluster_ready gauge",
-            f"migratory_cluster_ready {int(bool(info.get('ready')))}",
-            "# HELP migratory_cluster_quorum Guaranteed mode: whether the seed members' majority is reachable.",
-            "# TYPE migratory_cluster_quorum gauge",
-            f"migratory_cluster_quorum {int(bool(info.get('quorum', True)))}",
-            "# HELP migratory_cluster_groups_coordinated Subject groups this member coordinates.",
-            "# TYPE migratory_cluster_groups_coordinated gauge",
-            f"migratory_cluster_groups_coordinated {len(info.get('groups', []))}",
-            "# HELP migratory_cluster_link_up Whether the link to each other member is up.",
-            "# TYPE migratory_cluster_link_up gauge",
-        ]
-        rtts = []
-        for row in document["members"]:
-            if row["index"] == document["member"]:
-                continue
-            lines.append(f'migratory_cluster_link_up{{member="{row["index"] + 1}"}} {int(row["state"] != "down")}')
-            if row["rtt_ms"] is not None and row["rtt_ms"] >= 0:
-                rtts.append(
-                    f'migratory_cluster_link_rtt_seconds{{member="{row["index"] + 1}"}} {row["rtt_ms"] / 1000:.6f}'
-                )
-        lines += [
-            "# HELP migratory_cluster_link_rtt_seconds Heartbeat round-trip time of each member link.",
-            "# TYPE migratory_cluster_link_rtt_seconds gauge",
-            *rtts,
-        ]
-        names = {
-            "replicated_in": "Messages received from coordinating members and applied here.",
-            "replicated_out": "Messages this member coordinated and sent to other members (one per member).",
-            "forwarded": "Publications forwarded to the coordinating member of their subject.",
-            "link_up": "Member links that came up.",
-            "link_down": "Member links that went down.",
-            "resyncs": "Subjects whose history was replaced by a merge (their subscribers were resynced).",
-            "syncs_served": "State syncs this member sent to other members.",
-            "claims": "Times this member took over subject groups.",
-            "publish_failed": "Publications answered FAILED by this member's agent.",
-        }
-        counters = info.get("counters", {})
-        for name, text in names.items():
-            lines += [
-                f"# HELP migratory_cluster_{name}_total {text}",
-                f"# TYPE migratory_cluster_{name}_total counter",
-                f"migratory_cluster_{name}_total {int(counters.get(name, 0))}",
-            ]
-        return lines
+    def metrics(self) -> bytes:
+        totals, denied, listeners = self.shared.node()
+        restarts, root, started = self.shared.supervisor()
+        process = process_figures(root if root and Path(f"/proc/{root}").exists() else os.getpid())
+        process["start"] = started
+        families = metrics.node_families(
+            totals,
+            denied,
+            listeners,
+            self.node.current(),
+            process,
+            restarts,
+            cluster_document(self.engine) if self.engine.cluster else None,
+        )
+        return metrics.exposition(families)
 
 
 def cluster_document(engine: Engine) -> dict[str, Any]:
@@ -249,7 +414,7 @@ class MonitorConnection(asyncio.Protocol):
         elif path == "/stats":
             self._send(json_response(200, self.monitor.stats(), keep_alive=False))
         elif path == "/metrics":
-            self._send(response(200, self.monitor.metrics().encode(), "text/plain; version=0.0.4", keep_alive=False))
+            self._send(response(200, self.monitor.metrics(), metrics.CONTENT_TYPE, keep_alive=False))
         elif path == "/health":
             code = 200 if self.monitor.engine.ready else 503
             self._send(json_response(code, self.monitor.engine.health(), keep_alive=False))

@@ -1,0 +1,178 @@
+"""The Prometheus exposition of the node's indicators, without I/O.
+
+The text is produced by the official client library (``prometheus_client``) from
+metric families built here, so names, ``# HELP``/``# TYPE`` lines, ``_total`` suffixes
+of counters, label escaping and number formatting follow the exposition format
+exactly; tests parse the result back with the same library's parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+__all__ = ["CONTENT_TYPE", "exposition", "node_families"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# counter name in the node's totals -> (metric name without _total, help)
+COUNTERS = {
+    "connections_total": ("migratory_connections", "WebSocket connections accepted."),
+    "disconnections_total": ("migratory_disconnections", "WebSocket connections closed."),
+    "messages_in": ("migratory_messages_in", "Messages received from publishers."),
+    "messages_out": ("migratory_messages_out", "Messages handed to subscribers (one per subscriber)."),
+    "bytes_in": ("migratory_in_bytes", "Message content bytes received from publishers."),
+    "bytes_out": ("migratory_out_bytes", "Bytes queued for subscribers."),
+    "slow_consumers_disconnected": (
+        "migratory_slow_consumers_disconnected",
+        "Clients disconnected for exceeding MaxPendingOutput.",
+    ),
+    "messages_dropped": (
+        "migratory_messages_dropped",
+        "Messages dropped for slow consumers (SlowConsumerPolicy = Drop).",
+    ),
+    "messages_recovered": ("migratory_messages_recovered", "Missed messages resent to clients after a failover."),
+    "resyncs": ("migratory_resyncs", "Subscriptions resynchronised with the snapshot."),
+    "timer_errors": ("migratory_housekeeping_errors", "Failures of a housekeeping duty (logged, retried)."),
+}
+GAUGES = {
+    "connections": ("migratory_connected_clients", "WebSocket clients connected now."),
+    "subscriptions": ("migratory_subscriptions", "Subscriptions (client, subject) now."),
+    "subjects": ("migratory_subjects", "Subjects with a sequence number (published at least once)."),
+    "snapshots": ("migratory_snapshots", "Subjects with a snapshot."),
+}
+
+
+class _Families(Collector):
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def exposition(families: Iterable[Metric]) -> bytes:
+    """The text format (version 0.0.4) of ``families``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    return generate_latest(registry)
+
+
+def node_families(
+    totals: Mapping[str, int],
+    denied: Mapping[str, int],
+    listeners: Mapping[str, int],
+    indicators: Mapping[str, float],
+    process: Mapping[str, float],
+    worker_restarts: int,
+    cluster: Mapping[str, Any] | None = None,
+) -> list[Metric]:
+    """Every metric of the node, from its totals and the other figures the monitor gathers."""
+    out: list[Metric] = []
+    for key, (name, text) in COUNTERS.items():
+        counter = CounterMetricFamily(name, text)
+        counter.add_metric([], totals.get(key, 0))
+        out.append(counter)
+    for key, (name, text) in GAUGES.items():
+        out.append(GaugeMetricFamily(name, text, value=totals.get(key, 0)))
+    denials = CounterMetricFamily(
+        "migratory_denials", "Requests refused, by reason code (docs/logs.md).", labels=["reason"]
+    )
+    for reason, count in sorted(denied.items()):
+        denials.add_metric([reason], count)
+    out.append(denials)
+    per_listener = GaugeMetricFamily(
+        "migratory_listener_connections", "WebSocket clients connected now, per listener.", labels=["listener"]
+    )
+    for listener, count in sorted(listeners.items()):
+        per_listener.add_metric([listener], count)
+    out.append(per_listener)
+    rates = GaugeMetricFamily(
+        "migratory_indicator",
+        "The seven indicators of the Architecture Guide, last one-second sample (rates per second).",
+        labels=["indicator"],
+    )
+    for indicator, value in indicators.items():
+        rates.add_metric([indicator], value)
+    out.append(rates)
+    restarts = CounterMetricFamily("migratory_worker_restarts", "Worker processes the supervisor restarted.")
+    restarts.add_metric([], worker_restarts)
+    out.append(restarts)
+    cpu = CounterMetricFamily(
+        "migratory_process_cpu_seconds", "CPU time (user + system) of all the server's processes."
+    )
+    cpu.add_metric([], process.get("cpu_seconds", 0.0))
+    out.append(cpu)
+    out.append(
+        GaugeMetricFamily(
+            "migratory_process_resident_memory_bytes",
+            "Resident memory of all the server's processes (summed RSS).",
+            value=process.get("rss_bytes", 0.0),
+        )
+    )
+    out.append(GaugeMetricFamily("migratory_processes", "Processes of the server.", value=process.get("processes", 0)))
+    out.append(
+        GaugeMetricFamily(
+            "migratory_start_time_seconds",
+            "Start time of the server, seconds since the epoch.",
+            value=process.get("start", 0),
+        )
+    )
+    if cluster is not None:
+        out.extend(_cluster_families(cluster))
+    return out
+
+
+def _cluster_families(document: Mapping[str, Any]) -> list[Metric]:
+    out: list[Metric] = [
+        GaugeMetricFamily(
+            "migratory_cluster_ready",
+            "Whether this member is synchronised with the cluster and serving.",
+            value=int(bool(document.get("ready"))),
+        ),
+        GaugeMetricFamily(
+            "migratory_cluster_quorum",
+            "Guaranteed mode: whether the seed members' majority is reachable (always 1 in Standard mode).",
+            value=int(bool(document.get("quorum", True))),
+        ),
+    ]
+    groups = GaugeMetricFamily(
+        "migratory_cluster_groups_coordinated", "Subject groups each member coordinates.", labels=["member"]
+    )
+    link_up = GaugeMetricFamily(
+        "migratory_cluster_link_up", "Whether the link to each other member is up.", labels=["member"]
+    )
+    rtt = GaugeMetricFamily(
+        "migratory_cluster_link_rtt_seconds", "Heartbeat round-trip time of each member link.", labels=["member"]
+    )
+    for row in document.get("members", []):
+        member = str(row["index"] + 1)
+        if row.get("groups") is not None:
+            groups.add_metric([member], row["groups"])
+        if row["index"] == document.get("member"):
+            continue
+        link_up.add_metric([member], int(row["state"] != "down"))
+        if row.get("rtt_ms") is not None and row["rtt_ms"] >= 0:
+            rtt.add_metric([member], row["rtt_ms"] / 1000)
+    out += [groups, link_up, rtt]
+    names = {
+        "replicated_in": "Messages received from coordinating members and applied here.",
+        "replicated_out": "Messages this member coordinated and sent to other members (one per member).",
+        "forwarded": "Publications forwarded to the coordinating member of their subject.",
+        "link_up": "Member links that came up.",
+        "link_down": "Member links that went down.",
+        "resyncs": "Subjects whose history was replaced by a merge (their subscribers were resynced).",
+        "syncs_served": "State syncs this member sent to other members.",
+        "claims": "Times this member took over subject groups.",
+        "publish_failed": "Publications answered FAILED by this member's agent.",
+    }
+    counters = document.get("counters", {})
+    for key, text in names.items():
+        counter = CounterMetricFamily(f"migratory_cluster_{key}", text)
+        counter.add_metric([], int(counters.get(key, 0)))
+        out.append(counter)
+    return out
