@@ -272,7 +272,11 @@ def failover_cmd(
         for name in faults:
             place = folder / f"round-{n + 1}-{name}"
             shutil.rmtree(place, ignore_errors=True)
-            result = asyncio.run(fo.run_round(place, name, size=size, mode=mode, seed=n))
+            try:
+                result = asyncio.run(fo.run_round(place, name, size=size, mode=mode, seed=n))
+            except Exception as exc:  # a round that could not even run is a failed round, with the reason
+                result = fo.RoundResult(name, mode, size, [f"the round could not run: {type(exc).__name__}: {exc}"])
+                result.history = str(place)
             results.append(result)
             mark = "[green]ok[/]" if result.ok else "[red]VIOLATION[/]"
             _console.print(
