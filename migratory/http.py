@@ -114,12 +114,12 @@ def parse_request_head(head: bytes) -> Request:
         raise HttpError(400, "request target has characters that must be percent-encoded")
     headers: dict[str, str] = {}
     for line in lines[1:]:
+        if line[:1] in (" ", "\t"):
+            raise HttpError(400, "obsolete line folding is not accepted")
         name, sep, value = line.partition(":")
         if not sep:
             raise HttpError(400, "header line without a colon")
         if not name or not set(name) <= _TOKEN_CHARS:
-            if name[:1] in (" ", "\t"):
-                raise HttpError(400, "obsolete line folding is not accepted")
             raise HttpError(400, "malformed header name")
         value = value.strip(" \t")
         if _FIELD_CONTROL.search(value):

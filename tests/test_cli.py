@@ -182,6 +182,19 @@ def test_http_errors_name_the_url(server: ServerProcess) -> None:
         wrong.stderr.strip()
         == f"error: {server.http_url}/nothing/publish: HTTP 404: no such endpoint: /nothing/publish"
     )
+    wrong = cli("snapshot", server.ws_url + "/nothing", "/a/b")
+    assert wrong.returncode == 4
+    assert wrong.stderr.startswith(f"error: {server.http_url}/nothing/snapshot: HTTP 404: no such endpoint")
+    # an over-size HTTP publish is refused before its body is read: still the TOO_LARGE status, exit 1
+    big = subprocess.run(
+        [*CLI, "publish", server.http_url, "/a/b", "-"], input="x" * 200_000, capture_output=True, text=True
+    )
+    assert big.returncode == 1 and big.stdout.strip() == "TOO_LARGE"
+    assert big.stderr.startswith(f"error: {server.http_url}/publish: HTTP 413: ")
+    # a token in the URL is not shown
+    token = cli("publish", server.ws_url + "?token=%ff-s3cret", "/a/b", "x")
+    assert token.returncode == 4 and "s3cret" not in token.stderr
+    assert token.stderr.startswith(f"error: {server.ws_url}: refused by the server")
 
 
 def test_help_names_the_exit_codes() -> None:

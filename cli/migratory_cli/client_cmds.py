@@ -73,8 +73,18 @@ class CliError(Exception):
         self.cause = cause
 
 
+def _shown(url: str) -> str:
+    """The URL as error lines show it: without a query (a token may travel there) or a password."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url
+    netloc = parts.netloc.rpartition("@")[2] if "@" in parts.netloc else parts.netloc
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def _fail(error: CliError) -> NoReturn:
-    _err.print(f"error: {error.url}: {error.cause}", markup=False)
+    _err.print(f"error: {_shown(error.url)}: {error.cause}", markup=False)
     raise typer.Exit(error.code)
 
 
@@ -317,9 +327,11 @@ def _http_publish(url: str, subject: str, data: bytes, fields: dict[str, str], t
         status = None
     if code >= 400:
         reason = _error_text(answer, http.client.responses.get(code, ""))
+        if code == 413 and not isinstance(status, str):  # refused before the body was read
+            status = Status.TOO_LARGE.name
         if not isinstance(status, str):  # not a publish status: the server refused the request itself
             raise CliError(EXIT_REFUSED, endpoint, f"HTTP {code}: {reason}")
-        _err.print(f"error: {endpoint}: HTTP {code}: {reason}", markup=False)
+        _err.print(f"error: {_shown(endpoint)}: HTTP {code}: {reason}", markup=False)
         return status
     if not isinstance(status, str):
         raise CliError(EXIT_REFUSED, endpoint, f"HTTP {code} without a publish status: not a MigratoryData server?")
@@ -408,7 +420,8 @@ def snapshot(
     if code >= 400:
         reason = _error_text(body, http.client.responses.get(code, ""))
         # 400 (invalid subject), 403 (refused), 404 (no snapshot) answer the request; anything else refuses it
-        _fail(CliError(EXIT_FAILED if code in (400, 403, 404) else EXIT_REFUSED, endpoint, f"HTTP {code}: {reason}"))
+        answered = code in (400, 403) or (code == 404 and not reason.startswith("no such endpoint"))
+        _fail(CliError(EXIT_FAILED if answered else EXIT_REFUSED, endpoint, f"HTTP {code}: {reason}"))
     sys.stdout.buffer.write(body + (b"\n" if as_json else b""))
     sys.stdout.flush()
 
