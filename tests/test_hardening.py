@@ -31,7 +31,10 @@ name = sys.argv[1]
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect(name.encode().replace(b"@", b"\0", 1))
 forged = b.Published("/forged/x", b"evil", {{}}, 1, 1, True, False)
-sock.sendall(b.encode(b.Hello(0, b"guess")) + b.encode(forged))
+try:
+    sock.sendall(b.encode(b.Hello(0, b"guess")) + b.encode(forged))
+except OSError as exc:  # the server may cut us off before we are done sending
+    print("send", type(exc).__name__)
 sock.settimeout(3)
 try:
     print("read", len(sock.recv(100)))
@@ -41,23 +44,30 @@ print("uid", os.getuid())
 """
 
 
-def bus_sockets() -> set[str]:
+def bus_sockets(supervisor: int) -> set[str]:
+    """The abstract bus sockets of the server whose supervisor is ``supervisor`` (other servers may run)."""
     names = set()
     for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
         parts = line.split()
-        if len(parts) >= 8 and parts[-1].startswith("@migratory-"):
+        if len(parts) >= 8 and parts[-1].startswith(f"@migratory-{supervisor}-"):
             names.add(parts[-1])
     return names
 
 
+def wait_bus_sockets(supervisor: int, count: int) -> list[str]:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        found = bus_sockets(supervisor)
+        if len(found) >= count:
+            return sorted(found)
+        time.sleep(0.05)
+    raise AssertionError(f"the server's bus sockets did not appear: {bus_sockets(supervisor)}")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
 def test_another_local_user_cannot_publish_on_the_worker_bus(server_factory: Callable[..., ServerProcess]) -> None:
-    before = bus_sockets()
     server = server_factory({"Workers": "2"})
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(bus_sockets() - before) < 2:
-        time.sleep(0.05)
-    names = sorted(bus_sockets() - before)
+    names = wait_bus_sockets(server.proc.pid, 2)
     assert len(names) == 2, names
 
     async def subscriber() -> list[bytes]:
@@ -100,12 +110,8 @@ def test_another_local_user_cannot_publish_on_the_worker_bus(server_factory: Cal
 
 
 def test_a_same_user_process_without_the_secret_is_refused(server_factory: Callable[..., ServerProcess]) -> None:
-    before = bus_sockets()
     server = server_factory({"Workers": "2"})
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(bus_sockets() - before) < 2:
-        time.sleep(0.05)
-    name = sorted(bus_sockets() - before)[0]
+    name = wait_bus_sockets(server.proc.pid, 2)[0]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(b"\0" + name[1:].encode())
     sock.sendall(b.encode(b.Hello(1, b"x" * 32)) + b.encode(b.Published("/forged/y", b"evil", {}, 1, 1, True, False)))
@@ -136,7 +142,10 @@ def test_housekeeping_survives_a_failing_log_and_keeps_cutting_silent_peers(tmp_
         time.sleep(2.5)
         silent = socket.create_connection((server.host, server.port), timeout=10)
         started = time.monotonic()
-        assert silent.recv(10) == b""  # still cut at HandshakeTimeout: the tick survived
+        try:
+            assert silent.recv(10) == b""  # still cut at HandshakeTimeout: the tick survived
+        except ConnectionResetError:
+            pass  # cut with a reset: just as good
         assert time.monotonic() - started < 6
         with socket.create_connection((server.host, server.port), timeout=5) as sock:
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

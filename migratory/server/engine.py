@@ -588,8 +588,10 @@ class Engine:
     def _log_publish(
         self, message: Message, origin: Mapping[str, str], result: PublishResult, start: int, frame_size: int
     ) -> None:
-        if self.message_log is None or (
-            self.config.message_log_sampling < 1.0 and random.random() >= self.config.message_log_sampling
+        if (
+            self.message_log is None
+            or origin.get("protocol") == "internal"  # the server's own (monitoring) publications
+            or (self.config.message_log_sampling < 1.0 and random.random() >= self.config.message_log_sampling)
         ):
             return
         self.message_log.write(
