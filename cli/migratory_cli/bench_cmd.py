@@ -348,6 +348,14 @@ def cluster_cmd(
         shutil.rmtree(place, ignore_errors=True)
     _console.print(_table(reports))
     document: dict[str, object] = {"fanout": [r.as_dict() for r in reports]}
+    latencies = []
+    for run_mode in sorted({m for _, m in runs}):
+        place = folder / f"latency-{run_mode}"
+        shutil.rmtree(place, ignore_errors=True)
+        latencies.append(clusterbench.publish_latency(place, members=max(3, max(members)), mode=run_mode))
+        shutil.rmtree(place, ignore_errors=True)
+        _console.print(f"publish to PUBLISH_OK: {latencies[-1]}")
+    document["publish_latency"] = latencies
     if failover_clients:
         place = folder / "failover"
         shutil.rmtree(place, ignore_errors=True)

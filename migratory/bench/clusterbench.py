@@ -27,7 +27,7 @@ from migratory.bench.servers import spawn
 from migratory.client import EventKind, MigratoryClient, StatusEvent
 from migratory.protocol import Status
 
-__all__ = ["FailoverTimes", "failover", "fanout"]
+__all__ = ["FailoverTimes", "failover", "fanout", "publish_latency"]
 
 QUIET = {"MessageLog": "false", "AccessLog": "false", "KeepAliveInterval": "3600000", "MaxPendingOutput": "64MB"}
 
@@ -185,3 +185,36 @@ def failover(
             proc.join(30)
     errors = [] if len(times) == victims else [f"{victims - len(times)} clients did not fail over in 60 s"]
     return FailoverTimes(len(placements), victims, times, errors)
+
+
+def publish_latency(
+    folder: Path, *, members: int = 3, mode: str = "Standard", publishes: int = 2000, subjects: int = 10
+) -> dict[str, Any]:
+    """Milliseconds from PUBLISH to its PUBLISH_OK, one publication at a time, from a client on member 1.
+
+    Subjects are spread over the groups, so most are coordinated by another member:
+    what is measured is the whole path a publisher waits for (forwarding, numbering,
+    and in Guaranteed mode the second member's acknowledgement).
+    """
+    with LocalCluster(folder, members, mode=mode, extra=QUIET) as cluster:
+        cluster.start_all(ready_timeout=60)
+        for index in range(members):
+            cluster.wait_view(index, set(range(members)), timeout=60)
+
+        async def measure() -> list[float]:
+            out = []
+            async with MigratoryClient([cluster[0].ws_url]) as publisher:
+                for n in range(publishes):
+                    started = time.perf_counter()
+                    status = await publisher.publish(f"/latency/s{n % subjects}", b"x" * 64, guaranteed=True)
+                    out.append((time.perf_counter() - started) * 1000)
+                    if status not in (Status.OK, Status.NO_SUBSCRIBER):
+                        raise RuntimeError(f"publish {n}: {status.name}")
+            return out
+
+        times = sorted(asyncio.run(measure())[publishes // 10 :])  # the first tenth warms up
+
+    def pick(q: float) -> float:
+        return round(times[min(len(times) - 1, round(q * (len(times) - 1)))], 3)
+
+    return {"mode": mode, "members": members, "publishes": len(times), "p50_ms": pick(0.5), "p99_ms": pick(0.99)}
