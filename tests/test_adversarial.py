@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 
 from migratory import protocol as p
 from migratory.client import ClientMessage, EventKind, MigratoryClient, StatusEvent
+from migratory.http import HttpError, parse_request_head
 from migratory.protocol import Status
 from migratory.websocket import close_code_allowed
 from tests.conftest import ServerProcess
@@ -483,9 +484,9 @@ def frame(opcode: int, payload: bytes, *, fin: bool = True, masked: bool = True,
 class RawWs:
     """A WebSocket client over a plain socket that sends whatever it is told to."""
 
-    def __init__(self, server: ServerProcess, *, hello: bool = True) -> None:
+    def __init__(self, server: ServerProcess, *, hello: bool = True, extra: str = "") -> None:
         self.sock = connect(server)
-        self.sock.sendall(UPGRADE.encode() + b"\r\n")
+        self.sock.sendall(UPGRADE.encode() + extra.encode() + b"\r\n")
         self.buf = bytearray()
         answer = read_answer(self.sock, self.buf)
         assert answer is not None and answer.status == 101
@@ -766,4 +767,69 @@ def test_cli_prints_no_traceback_for_any_bad_input(server_factory: Callable[...,
         assert b"Traceback" not in result.stderr + result.stdout, (args, stderr[-2000:])
         assert result.returncode in (0, 1, 2, 3, 4), (args, result.returncode, stderr)
         assert len(stderr.splitlines()) <= 1, (args, stderr)
+    assert_clean_stop(server)
+
+
+# --- the monitoring port (LAN side) ---------------------------------------------------------------------
+
+
+def test_hostile_heads_on_the_monitoring_port(server_factory: Callable[..., ServerProcess]) -> None:
+    """MonitorHTTP shares the request parser: the same corpus gets 4xx/5xx answers, the port keeps serving."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    server = server_factory(
+        {
+            **QUIET,
+            "MonitorHTTP.Listen": f"127.0.0.1:{port}",
+            "MonitorHTTP.Username": "ops",
+            "MonitorHTTP.Password": "pw",
+        }
+    )
+    monitor = ServerProcess(server.proc, server.host, port, server.folder, server.conf)
+    honest = Honest(server)
+    try:
+        wrong: list[str] = []
+        for name, data, _ in HTTP_CORPUS:
+            head, sep, _ = data.partition(b"\r\n\r\n")
+            try:  # the monitor asks for credentials first, of any request that parses (it serves only GETs)
+                parse_request_head(head)
+                expected = 401
+            except HttpError as exc:
+                expected = exc.status
+            if not sep:
+                expected = 431  # a head that never ends, past the monitor's 16 KB
+            with connect(monitor) as sock:
+                send(sock, data)
+                answer = read_answer(sock, bytearray())
+            if answer is None or answer.status != expected:
+                wrong.append(f"{name}: {answer.status if answer else None} instead of {expected}")
+            honest.check(f"monitor: {name}")
+        assert not wrong, "\n".join(wrong)
+        auth = base64.b64encode(b"ops:pw").decode()
+        with connect(monitor) as sock:
+            send(sock, f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\n\r\n".encode())
+            answer = read_answer(sock, bytearray())
+            assert answer is not None and answer.status == 200
+    finally:
+        honest.close()
+    assert_clean_stop(server)
+
+
+def test_forwarding_headers_are_not_trusted(server_factory: Callable[..., ServerProcess]) -> None:
+    """The publishing address is the TCP peer's: spoofed X-Forwarded-For, X-Real-IP or Forwarded change nothing."""
+    server = server_factory({**QUIET, "PublishAllowFromAddressList": "10.0.0.0/8"})
+    spoofed = "X-Forwarded-For: 10.0.0.7\r\nX-Real-IP: 10.0.0.7\r\nForwarded: for=10.0.0.7\r\n"
+    answer, _ = exchange(
+        server,
+        f"POST /publish?subject=/f/w HTTP/1.1\r\nHost: x\r\n{spoofed}Content-Length: 1\r\n\r\nx".encode(),
+    )
+    assert answer is not None and answer.status == 403
+    raw = RawWs(server, hello=False, extra=spoofed)
+    raw.sock.sendall(frame(0x2, p.encode_connect()) + frame(0x2, p.encode_publish("/f/w", b"x", closure="c")))
+    assert isinstance(raw.native(), p.Connected)
+    status = raw.native()
+    assert isinstance(status, p.PublishStatus) and (status.status, status.closure) == (Status.DENIED, "c")
+    raw.close()
+    wait_for_log(server, "access.log", lambda e: e.get("reason_code") == "address_not_allowed")
     assert_clean_stop(server)
