@@ -7,6 +7,10 @@ tests/test_adversarial.py, which sends the same kinds of heads to a live server.
 from __future__ import annotations
 
 import contextlib
+import re
+from collections.abc import Callable
+from typing import Any
+from unittest.mock import MagicMock
 
 import pytest
 from hypothesis import given
@@ -189,3 +193,113 @@ def test_responses() -> None:
     assert b"Content-Length: 2\r\n" in raw and b"Connection: close" in raw
     assert json_response(200, {"a": "é"}).endswith('{"a":"é"}'.encode())
     assert b"\r\nSec-WebSocket-Version: 13\r\n" in json_response(426, {}, extra={"Sec-WebSocket-Version": "13"})
+
+
+# --- the connection's HTTP answering, without sockets -------------------------------------------------
+
+
+class _Loop:
+    """Enough of an event loop for a Connection: a clock and a call_soon queue run by hand."""
+
+    def __init__(self) -> None:
+        self.soon: list[Callable[[], None]] = []
+
+    def time(self) -> float:
+        return 0.0
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.soon.append(callback)
+
+    def run(self) -> int:
+        turns = 0
+        while self.soon:
+            turns += 1
+            callbacks, self.soon = self.soon, []
+            for callback in callbacks:
+                callback()
+        return turns
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.closed = False
+
+    def get_extra_info(self, name: str) -> object:
+        return ("127.0.0.1", 40000) if name == "peername" else None
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+def _connection(ready: bool = True) -> tuple[Any, MagicMock, _Transport, _Loop]:
+    from migratory.server.connection import Connection
+
+    engine = MagicMock()
+    engine.loop = loop = _Loop()
+    engine.config.handshake_timeout = 10000
+    engine.config.max_header_size = 16384
+    engine.config.keep_alive_interval = 30000
+    engine.max_message_size = 131072
+    engine.max_pending = 1 << 40
+    engine.batching_time = 1.0  # output waits for flush(), called by hand below
+    engine.batching_size = 0
+    engine.ready = ready
+    engine.async_entitlement = False
+    engine.admit.return_value = True
+    engine.health.return_value = {"status": "ok"}
+    engine.session_name.return_value = "1-0-1"
+    conn = Connection(engine, "127.0.0.1:8800", "ws")
+    transport = _Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, engine, transport, loop
+
+
+def _statuses(out: bytes) -> list[int]:
+    return [int(status) for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", out)]
+
+
+def test_pipelining_is_a_bounded_loop_not_a_recursion() -> None:
+    """4000 pipelined requests in one read (about 330 used to raise RecursionError), 64 per loop turn."""
+    conn, _, transport, loop = _connection()
+    count = 4000  # 140 KB: within MaxHeaderSize + MessageSizeLimit, the most one read may bring
+    conn.data_received(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * count)
+    conn.flush()
+    assert len(_statuses(transport.out)) == 64  # one batch, then the event loop gets its turn
+    turns = loop.run()
+    conn.flush()
+    assert _statuses(transport.out) == [200] * count and turns == -(-count // 64) - 1
+    assert not transport.closed and not conn.inbuf
+
+
+def test_too_much_pipelined_input_at_once_is_413() -> None:
+    conn, engine, transport, _ = _connection()
+    conn.data_received(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 5000)  # 175 KB
+    assert _statuses(transport.out) == [413] and transport.closed
+    (line,) = [c for c in engine.access.call_args_list if c.args[0] == "http"]
+    assert (line.kwargs["method"], line.kwargs["path"], line.kwargs["status"]) == (None, None, 413)
+
+
+def test_an_upgrade_to_a_member_that_is_not_ready_is_503_and_an_http_line() -> None:
+    conn, engine, transport, _ = _connection(ready=False)
+    key = "dGhlIHNhbXBsZSBub25jZQ=="
+    conn.data_received(
+        b"GET /x?y=1 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + key.encode() + b"\r\n\r\n"
+    )
+    assert _statuses(transport.out) == [503] and transport.closed
+    (line,) = [c for c in engine.access.call_args_list if c.args[0] == "http"]
+    assert line.kwargs == {
+        "method": "GET",
+        "path": "/x",
+        "status": 503,
+        "subject": None,
+        "bytes_out": len(transport.out),
+    }
+    assert engine.deny.call_args.args[2] == "not_ready"
