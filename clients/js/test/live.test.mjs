@@ -1,0 +1,72 @@
+// The client against a live server started by tests/test_js_client.py (MIGRATORY_WS_URL, MIGRATORY_BASIC_URL).
+import assert from "node:assert/strict";
+import test from "node:test";
+
+import { EventKind, MessageType, MigratoryClient, Status } from "../migratory.js";
+
+const URL = process.env.MIGRATORY_WS_URL;
+const BASIC = process.env.MIGRATORY_BASIC_URL;
+if (!URL || !BASIC) throw new Error("run through tests/test_js_client.py, which starts the servers");
+
+test("subscribe: snapshot first, then updates, with fields; publish statuses", async () => {
+  const events = [];
+  const publisher = new MigratoryClient([URL]);
+  await publisher.connect();
+  assert.equal(await publisher.publish("/js/a", "first", { fields: { volume: "6.62M" } }), Status.NO_SUBSCRIBER);
+  const client = new MigratoryClient([`100 ${URL}`], { onStatus: (e) => events.push(e) });
+  await client.connect();
+  assert.deepEqual(await client.subscribe(["/js/a", "bad subject"]), { "/js/a": Status.OK, "bad subject": Status.INVALID_SUBJECT });
+  const snapshot = await client.nextMessage(5000);
+  assert.equal(snapshot.type, MessageType.SNAPSHOT);
+  assert.equal(snapshot.text, "first");
+  assert.deepEqual(snapshot.fields, { volume: "6.62M" });
+  assert.equal(await publisher.publish("/js/a", new TextEncoder().encode("second"), { fields: { ask: "190" } }), Status.OK);
+  const update = await client.nextMessage(5000);
+  assert.equal(update.type, MessageType.UPDATE);
+  assert.equal(update.text, "second");
+  assert.equal(update.seq, snapshot.seq + 1);
+  const kinds = events.map((e) => e.kind);
+  assert.ok(kinds.includes(EventKind.NOTIFY_SERVER_UP));
+  assert.ok(events.some((e) => e.kind === EventKind.SUBSCRIBE_DENY && e.subject === "bad subject"));
+  assert.ok(client.maxMessageSize > 0);
+  assert.equal(await publisher.publish("/js/a", "x".repeat(client.maxMessageSize + 1)), Status.TOO_LARGE);
+  client.close();
+  publisher.close();
+});
+
+test("conflation and unsubscribe", async () => {
+  const client = new MigratoryClient([URL]);
+  await client.connect();
+  await client.subscribe(["/js/c"], { conflationMs: 500 });
+  const publisher = new MigratoryClient([URL]);
+  await publisher.connect();
+  for (let i = 0; i < 10; i++) await publisher.publish("/js/c", String(i), { fields: { [`f${i % 3}`]: String(i) } });
+  const got = await client.nextMessage(3000);
+  assert.equal(got.text, "9"); // one aggregate for the period: the latest content ...
+  assert.deepEqual(got.fields, { f0: "9", f1: "7", f2: "8" }); // ... and the union of the fields
+  client.unsubscribe(["/js/c"]);
+  await publisher.publish("/js/c", "after");
+  await assert.rejects(client.nextMessage(800));
+  client.close();
+  publisher.close();
+});
+
+test("entitlement: a publication without the token is denied, with it allowed", async () => {
+  const anonymous = new MigratoryClient([BASIC]);
+  await anonymous.connect();
+  assert.equal(await anonymous.publish("/js/e", "x"), Status.DENIED);
+  const allowed = new MigratoryClient([BASIC], { token: "js-secret-token" });
+  await allowed.connect();
+  assert.equal(await allowed.publish("/js/e", "x"), Status.NO_SUBSCRIBER);
+  anonymous.close();
+  allowed.close();
+});
+
+test("an unreachable server is reported down and the client tries again", async () => {
+  const events = [];
+  const client = new MigratoryClient(["ws://127.0.0.1:9"], { onStatus: (e) => events.push(e), backoffInitial: 20, requestTimeout: 1000 });
+  await assert.rejects(client.connect(600));
+  await new Promise((resolve) => setTimeout(resolve, 1500));
+  client.close();
+  assert.ok(events.filter((e) => e.kind === EventKind.NOTIFY_SERVER_DOWN).length >= 2);
+});

@@ -1,0 +1,89 @@
+"""The JavaScript client (clients/js): Node's own tests against live servers, and the same scenario as Python."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from migratory.client import MigratoryClient
+from migratory.protocol import Status
+from tests.conftest import ServerProcess
+
+JS = Path(__file__).resolve().parent.parent / "clients" / "js"
+NODE = shutil.which("node")
+
+pytestmark = pytest.mark.skipif(NODE is None, reason="Node.js is not installed")
+
+
+def node(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    assert NODE is not None
+    return subprocess.run(
+        [NODE, "--experimental-websocket", *args], cwd=JS, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_node_test_runner_codec_and_live(server_factory: Callable[..., ServerProcess]) -> None:
+    plain = server_factory({"Workers": "2"})
+    basic = server_factory({"Entitlement": "Basic", "EntitlementAllowToken": "js-secret-token"}, name="basic")
+    env = dict(os.environ, MIGRATORY_WS_URL=plain.ws_url, MIGRATORY_BASIC_URL=basic.ws_url)
+    result = node("--test", "test/", env=env)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "# fail 0" in result.stdout and "# pass 8" in result.stdout, result.stdout[-2000:]
+
+
+def test_the_same_scenario_gives_the_same_messages_in_python_and_javascript(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    server = server_factory({"Workers": "2"})
+    subjects = ["/same/a", "/same/b"]
+
+    async def scenario() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+        async with MigratoryClient([server.ws_url]) as publisher:
+            await publisher.publish("/same/a", b"a0", fields={"x": "1"})
+            assert NODE is not None
+            js = await asyncio.create_subprocess_exec(
+                NODE,
+                "--experimental-websocket",
+                "scenario.mjs",
+                server.ws_url,
+                "11",
+                *subjects,
+                cwd=JS,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            assert js.stdout is not None
+            early: list[bytes] = []  # the snapshot may be printed before "ready"
+            while (line := await asyncio.wait_for(js.stdout.readline(), 30)) and json.loads(line) != {"ready": True}:
+                early.append(line)
+            python: list[dict[str, object]] = []
+            async with MigratoryClient([server.ws_url]) as subscriber:
+                await subscriber.subscribe(subjects)
+                for n in range(1, 6):
+                    for subject in subjects:
+                        status = await publisher.publish(subject, f"{subject[-1]}{n}".encode(), fields={"n": str(n)})
+                        assert status is Status.OK
+                for _ in range(11):
+                    m = await subscriber.next_message(10)
+                    python.append(
+                        {
+                            "subject": m.subject,
+                            "content": m.content.decode(),
+                            "fields": dict(m.fields),
+                            "type": m.type.name,
+                            "seq": m.seq,
+                        }
+                    )
+            out, _ = await asyncio.wait_for(js.communicate(), 30)
+            javascript = [json.loads(line) for line in [*early, *out.splitlines()]][:11]
+            return python, javascript
+
+    python, javascript = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert python == javascript
+    assert python[0]["type"] == "SNAPSHOT" and len(python) == 11
