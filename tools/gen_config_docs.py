@@ -25,13 +25,23 @@ CONF_HEADER = """\
 """
 
 # Values the bundled file sets (the rest stay at their defaults, commented out).
-CONF_SET = {"Listen": "127.0.0.1:8800"}
+CONF_SET = {"Listen": "127.0.0.1:8800", "PublishAllowFromAddressList": "127.0.0.1, ::1"}
+
+# What the bundled file says about the values it sets (and packaging/build_packages.py keeps).
+CONF_NOTES = {
+    "PublishAllowFromAddressList": "Set here: only this machine (loopback) may publish until you open it. To let "
+    "your publishers in, list their addresses or networks (PublishAllowFromAddressList = 10.0.0.0/24, 192.0.2.7), "
+    "or require a token to publish (Entitlement = Basic or JWT, docs/security.md); an empty value lets every "
+    "address that reaches a listener publish (`migratory config check` then warns).",
+}
 
 
 def write_conf() -> None:
     lines = [CONF_HEADER]
     for key, default, doc in documented_keys():
         lines.extend("# " + line for line in textwrap.wrap(doc, 86))
+        if key in CONF_NOTES:
+            lines.extend("# " + line for line in textwrap.wrap(CONF_NOTES[key], 86))
         lines.append(f"# Default: {default}")
         lines.append(f"{key} = {CONF_SET[key]}" if key in CONF_SET else f"#{key} = {default}")
         lines.append("")

@@ -85,7 +85,14 @@ def show_cmd(path: Path = typer.Argument(..., help="A PEM certificate.")) -> Non
 
 
 @app.command("check")
-def check_cmd(config: Path = typer.Option(Path("conf/migratorydata.conf"), "--config", "-c")) -> None:
+def check_cmd(
+    config: Path = typer.Option(
+        Path("conf/migratorydata.conf"),
+        "--config",
+        "-c",
+        help="The migratorydata.conf whose TLSCertificate, TLSKey and TLSKeyPassword are checked.",
+    ),
+) -> None:
     """Check that the configured TLSCertificate and TLSKey match and are valid now."""
     cfg = load_or_exit(config)
     if not cfg.tls_certificate or not cfg.tls_key:

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from migratory.config import Config, ConfigError
+from migratory.preflight import check_file
 
 app = typer.Typer(help="Configuration file commands.", no_args_is_help=True)
 
@@ -21,14 +22,44 @@ def load_or_exit(path: Path) -> Config:
     except ConfigError as exc:
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         for line in exc.errors:
-            err.print(line, markup=False)
+            # a file that cannot be read has no line to point at: say line 1, never 0
+            err.print(line.replace(f"{path}:0: ", f"{path}:1: ", 1), markup=False)
         raise typer.Exit(EXIT_CONFIG) from None
 
 
+def _listeners(config: Config) -> str:
+    monitor_tls = getattr(config, "monitor_listen_encrypted", ())
+    groups = [
+        ("ws/http", config.listen),
+        ("wss/https", config.listen_encrypted),
+        ("monitor", config.monitor_listen),
+        ("monitor https", monitor_tls),
+        ("cluster", (config.cluster_member_listen,) if config.cluster_member_listen else ()),
+    ]
+    return "; ".join(f"{kind} {', '.join(str(e) for e in endpoints)}" for kind, endpoints in groups if endpoints)
+
+
 @app.command("check")
-def check(path: Path = typer.Argument(..., help="The migratorydata.conf to check.")) -> None:
-    """Validate FILE exactly as the server would; exit 2 with file:line errors if it is wrong."""
-    config = load_or_exit(path)
-    Console(highlight=False).print(
-        f"{path}: OK ({len(config.listen)} listener(s): {', '.join(str(e) for e in config.listen)})"
+def check(
+    path: Path = typer.Argument(
+        ..., metavar="FILE", help="The migratorydata.conf to check, e.g. /etc/migratorydata/migratorydata.conf."
+    ),
+) -> None:
+    """Check FILE as `migratory serve` checks it at start, without starting anything.
+
+    Every problem at once, each as file:line: Key: what. Exit codes: 0 serve would start, 2 it would refuse.
+
+    Checked: values, key rules, TLS certificate and key, RunAsUser, log and state folders, listeners, entitlement.
+
+    Warned about (exit 0): anyone may publish, monitoring open to all, a certificate near expiry, a port in use now.
+    """
+    report = check_file(path, in_use="warning")
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for line in report.errors + report.warnings:
+        err.print(line, markup=False)
+    if not report.ok or report.config is None:
+        raise typer.Exit(EXIT_CONFIG)
+    warnings = f", {len(report.warnings)} warning(s)" if report.warnings else ""
+    Console(highlight=False, soft_wrap=True).print(
+        f"{path}: OK (listeners: {_listeners(report.config)}{warnings})", markup=False
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as distribution_version
+
 import typer
 
 from migratory_cli import bench_cmd, cert_cmd, client_cmds, cluster_cmd, config_cmds, logs_cmd, serve_cmd, status_cmd
@@ -14,6 +17,30 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def version() -> str:
+    """The installed migratorydata-py version (the package's, in /opt/migratorydata)."""
+    try:
+        return distribution_version("migratorydata-py")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"migratory {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """MigratoryData-class real-time publish/subscribe server."""
+
 
 app.command("serve")(serve_cmd.serve)
 app.command("status")(status_cmd.status)

@@ -17,7 +17,12 @@ def serve(
         help="The migratorydata.conf to run with.",
     ),
 ) -> None:
-    """Run the server on CONFIG in the foreground; SIGTERM or SIGINT shut it down cleanly."""
+    """Run the server with the configuration file given by --config/-c, in the foreground.
+
+    It first checks the file and the machine as `migratory config check FILE` does: exit 2 with every problem.
+
+    SIGTERM or SIGINT shut it down cleanly; SIGHUP reloads the TLS certificate.
+    """
     from migratory.server.app import run
 
     cfg = load_or_exit(config)

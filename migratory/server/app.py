@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from migratory import preflight
 from migratory.certs import CertError
 from migratory.config import Config, Endpoint
 from migratory.logs import JsonLineHandler, JsonLineWriter
@@ -274,18 +275,31 @@ def _agent_main(config: Config, **kwargs: object) -> None:
 
 def run(config: Config, config_path: str = "") -> int:
     """Foreground entry point of ``migratory serve``; returns the exit code."""
+    # What `migratory config check` checks (migratory/preflight.py): every problem at once, file:line: Key: what.
+    checked = preflight.check(config, config_path, in_use="skip")
+    for line in checked.errors:
+        print(line, file=sys.stderr)
+    if not checked.ok:
+        return 2
+    where = preflight.KeyLines.of_file(config_path) if config_path else preflight.KeyLines()
+    name = config_path or "<config>"
     try:
         _setup_logging(config)
         epoch = next_epoch(config.state_folder)
-    except OSError as exc:
-        print(f"{config_path}: cannot write logs or state: {exc}", file=sys.stderr)
+    except OSError as exc:  # the checks passed, then the folders changed
+        print(
+            f"{name}:{where.line('LogFolder', 'StateFolder')}: LogFolder: cannot write logs or state: {exc}",
+            file=sys.stderr,
+        )
         return 2
+    for line in checked.warnings:
+        log.warning("%s", line)
     tls: ssl.SSLContext | None = None
     if config.listen_encrypted or config.monitor_listen_encrypted:
         try:
             tls = build_context(config)
         except CertError as exc:
-            print(f"{config_path}:0: TLSCertificate: {exc}", file=sys.stderr)
+            print(f"{name}:{where.line('TLSCertificate')}: TLSCertificate: {exc}", file=sys.stderr)
             return 2
     workers = config.worker_count
     per_worker: list[list[Listener]] = [[] for _ in range(workers)]
@@ -296,16 +310,27 @@ def run(config: Config, config_path: str = "") -> int:
         + [(e, "monitor-tls") for e in config.monitor_listen_encrypted]
     )
     member_sock: socket.socket | None = None
+    keys = {
+        "ws": "Listen",
+        "wss": "ListenEncrypted",
+        "monitor": "MonitorHTTP.Listen",
+        "monitor-tls": "MonitorHTTP.ListenEncrypted",
+        "member": "ClusterMemberListen",
+    }
     try:
         for endpoint, scheme in schemes:
             for index in range(workers):
                 per_worker[index].append((endpoint, bind_socket(endpoint, reuse_port=workers > 1), scheme))
         if config.cluster_member_listen is not None:
-            endpoint = config.cluster_member_listen
+            endpoint, scheme = config.cluster_member_listen, "member"
             member_sock = bind_socket(endpoint)
     except OSError as exc:
+        key_name = keys[scheme]
         log.error("cannot listen on %s: %s", endpoint, exc.strerror or exc)
-        print(f"{config_path}: cannot listen on {endpoint}: {exc.strerror or exc}", file=sys.stderr)
+        print(
+            f"{name}:{where.line(key_name)}: {key_name}: cannot listen on {endpoint}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return 1
     files = raise_open_files_limit()
     if config.run_as_user:
@@ -315,7 +340,8 @@ def run(config: Config, config_path: str = "") -> int:
                     config.run_as_user, config.run_as_group, [config.log_folder, config.state_folder]
                 )
             except (PrivilegeError, OSError) as exc:
-                print(f"{config_path}:0: {exc}", file=sys.stderr)
+                message = str(exc) if str(exc).startswith(("RunAsUser:", "RunAsGroup:")) else f"RunAsUser: {exc}"
+                print(f"{name}:{where.line(message.partition(':')[0], 'RunAsUser')}: {message}", file=sys.stderr)
                 return 2
             log.info("listeners bound; now running as %s (uid %d, gid %d)", config.run_as_user, uid, gid)
         else:
