@@ -78,11 +78,14 @@ class EventKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class StatusEvent:
+    """``error``: with NOTIFY_SERVER_DOWN, the exception that ended the connection (None when closed cleanly)."""
+
     kind: EventKind
     detail: str = ""
     subject: str = ""
     closure: str = ""
     status: Status | None = None
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +193,8 @@ class MigratoryClient:
         self.session = ""
         self.server = ""
         self.duplicates_dropped = 0
+        self._last_failure = ""
+        self._last_error: BaseException | None = None
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -206,10 +211,21 @@ class MigratoryClient:
         await self.close()
 
     async def connect(self, timeout: float | None = None) -> None:
-        """Start the connection loop and wait until a server accepted the session."""
+        """Start the connection loop and wait until a server accepted the session.
+
+        Without ``reconnect`` a failed attempt raises ConnectionError at once (with the
+        cause chained) instead of waiting out the timeout.
+        """
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="migratory-client")
-        await asyncio.wait_for(self._connected.wait(), timeout or self.request_timeout)
+        connected = asyncio.ensure_future(self._connected.wait())
+        done, _ = await asyncio.wait({connected, self._task}, timeout=timeout or self.request_timeout)
+        if connected in done:
+            return
+        connected.cancel()
+        if self._task in done:
+            raise ConnectionError(f"cannot connect: {self._last_failure}") from self._last_error
+        raise TimeoutError(f"not connected within {timeout or self.request_timeout} s")
 
     async def close(self) -> None:
         """Close the connection and stop reconnecting."""
@@ -380,8 +396,11 @@ class MigratoryClient:
                     await ws.send(p.encode_connect(self.token))
                     await self._read(ws, server)
                     reason = f"closed by server: {ws.close_code} {ws.close_reason or ''}".strip()
+                    error: BaseException | None = None
             except (OSError, WebSocketException, TimeoutError, p.DecodeError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
+                error = exc
+            self._last_failure, self._last_error = f"{server.url}: {reason}", error
             was_up = self._connected.is_set()
             self._connected.clear()
             self._ws = None
@@ -391,7 +410,7 @@ class MigratoryClient:
             if self._closing:
                 return
             server.failures += 1
-            await self._emit(StatusEvent(EventKind.NOTIFY_SERVER_DOWN, f"{server.url}: {reason}"))
+            await self._emit(StatusEvent(EventKind.NOTIFY_SERVER_DOWN, f"{server.url}: {reason}", error=error))
             if self._closing or not self.reconnect:
                 return
             last = server

