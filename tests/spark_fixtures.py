@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -174,3 +175,104 @@ def reference_series(nodes: list[Logs]) -> dict[int, dict[str, float]]:
     for s, value in levels.items():
         seconds[s]["connected_clients"] = value - lowest
     return seconds
+
+
+# --- logs that used to break the report -------------------------------------------------------
+
+# subjects are user data: Rich markup, mathtext, HTML, emoji codes
+HOSTILE_SUBJECTS = ("/t/[/red]", "/m/$x^$", "/px/$USD/$EUR", "/h/<script>alert(1)</script>", "/e/:smile:")
+
+# each of these is one corrupt line (and no event): not exactly one JSON object
+NOT_ONE_OBJECT = [
+    '[{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"},{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}]',
+    "[]",
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}',
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"} xyz',
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}}',
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}] [{"v":1}',
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect","subject":"/a\rb"}',  # a bare CR inside the line
+]
+# a truncated line (no closing brace) with bytes that are not UTF-8, longer than the example kept
+INVALID_UTF8 = b'{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"publish","subject":"/\xff\xfe' + b"x" * 400 + b'"\n'
+
+
+def hostile_logs(root: Path) -> tuple[list[str], Logs]:
+    """One node: hostile subjects, HTTP requests (some failed before their head was parsed), lines that
+    are not one JSON object, and a gzipped rotation holding the oldest events."""
+    logs = Logs()
+    for n, subject in enumerate(HOSTILE_SUBJECTS):
+        sid = f"1-0-{n + 1}"
+        logs.event(T0 + n, "connect", sid, f"10.0.0.{n + 1}", L80, False)
+        logs.event(T0 + n, "subscribe", sid, f"10.0.0.{n + 1}", L80, False, subject=subject, conflation_ms=0)
+        for i in range(n + 1):
+            logs.publish(T0 + 10 + n, subject, recipients=1, size=10, latency=100 + i)
+        logs.event(
+            T0 + 20,
+            "denied",
+            sid,
+            f"10.0.0.{n + 1}",
+            L80,
+            False,
+            request="publish",
+            reason_code="entitlement",
+            reason="no",
+            subject=subject,
+        )
+    http = [
+        ("GET", "/health", 200, 2),
+        ("POST", "/publish", 200, 3),
+        ("POST", "/publish", 403, 1),
+        ("GET", "/$x^$/[/red]", 404, 1),
+        (None, None, 400, 2),  # malformed request line: answered before the head was parsed
+        (None, None, 413, 1),
+    ]
+    for method, path, status, times in http:
+        for i in range(times):
+            logs.event(
+                T0 + 30 + i,
+                "http",
+                f"1-0-{90 + i}",
+                "10.0.9.9",
+                L80,
+                False,
+                method=method,
+                path=path,
+                status=status,
+                subject=None,
+                bytes_out=100,
+            )
+    node = root / "hostile"
+    node.mkdir(parents=True)
+    older = [logs.access.pop(0), logs.access.pop(0)]  # the first connect and subscribe: rotated and gzipped
+    with gzip.open(node / "access.log.1.gz", "wb") as handle:
+        handle.write(_lines(older).encode())
+    body = _lines(logs.access) + "\n".join(NOT_ONE_OBJECT) + "\n"
+    (node / "access.log").write_text(body)
+    (node / "message.log").write_text(_lines(logs.messages))
+    (node / "access.log.3.zst").write_bytes(b"(not a format Spark reads)")
+    logs.access[:0] = older
+    return [str(node)], logs
+
+
+def broken_utf8_logs(root: Path) -> list[str]:
+    """A node whose message.log ends with a corrupt line that is not UTF-8."""
+    logs = Logs()
+    logs.event(T0 + 1, "connect", "1-0-1", "10.0.0.1", L80, False)
+    logs.publish(T0 + 2, "/a", recipients=0, size=5, latency=10)
+    node = root / "utf8"
+    node.mkdir(parents=True)
+    (node / "access.log").write_text(_lines(logs.access))
+    (node / "message.log").write_bytes(_lines(logs.messages).encode() + INVALID_UTF8)
+    return [str(node)]
+
+
+def quiet_logs(root: Path) -> list[str]:
+    """A clean node with no denied request, no HTTP request and no message.log (MessageLog off)."""
+    logs = Logs()
+    logs.event(T0 + 1, "connect", "1-0-1", "10.0.0.1", L80, False)
+    logs.event(T0 + 2, "subscribe", "1-0-1", "10.0.0.1", L80, False, subject="/a", conflation_ms=0)
+    logs.event(T0 + 90, "disconnect", "1-0-1", "10.0.0.1", L80, False, duration_ms=89_000, reason="client_closed")
+    node = root / "quiet"
+    node.mkdir(parents=True)
+    (node / "access.log").write_text(_lines(logs.access))
+    return [str(node)]

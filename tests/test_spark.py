@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
+import html
+import io
 import math
 import statistics
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import pyarrow.parquet as pq
 import pytest
-from migratory_spark import latency, security, sessions, subjects, traffic
-from migratory_spark.reader import LogFrames, read_logs
+from migratory_spark import bench, charts, latency, report, security, sessions, subjects, traffic
+from migratory_spark.console import NOT_ENOUGH_HISTORY, render
+from migratory_spark.reader import EXAMPLE_CHARS, LogFrames, parse_lines, read_logs
+from migratory_spark.schema import ACCESS_SCHEMA
 from pyspark.sql import DataFrame, SparkSession
+from rich.console import Console
 
-from tests.spark_fixtures import INDICATORS, T0, Logs, known_logs, reference_series
+from tests.spark_fixtures import (
+    HOSTILE_SUBJECTS,
+    INDICATORS,
+    NOT_ONE_OBJECT,
+    T0,
+    Logs,
+    broken_utf8_logs,
+    hostile_logs,
+    known_logs,
+    quiet_logs,
+    reference_series,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -252,3 +271,257 @@ def test_latency_percentiles(frames: LogFrames) -> None:
         int(r["start"].replace(tzinfo=UTC).timestamp()): r for r in rows(latency.latency_over_time(frames.messages))
     }
     assert timeline[T0]["messages"] == 30 and timeline[T0]["max_us"] == 30
+
+
+# --- the whole report on logs that used to break it ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Logs]:
+    return hostile_logs(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.fixture(scope="module")
+def hostile_report(
+    spark: SparkSession, hostile: tuple[list[str], Logs], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, Any], Path]:
+    out = tmp_path_factory.mktemp("hostile-report")
+    return report.run(spark, report.Options(dirs=hostile[0], out=str(out))), out
+
+
+def _render(summary: dict[str, Any]) -> str:
+    buffer = io.StringIO()
+    render(summary, Console(file=buffer, width=300, color_system=None))
+    return buffer.getvalue()
+
+
+def test_logs_without_denials_or_message_log_give_a_full_report(spark: SparkSession, tmp_path: Path) -> None:
+    """Empty tables (no denied line, MessageLog off) are written with their schema and reported as empty."""
+    out = tmp_path / "report"
+    summary = report.run(spark, report.Options(dirs=quiet_logs(tmp_path), out=str(out)))
+    assert (out / "summary.json").is_file() and (out / "report.html").is_file()
+    assert summary["lines"] == {"access": 3, "message": 0, "corrupt": 0}
+    tables = summary["tables"]
+    assert set(tables) == set(report.TABLES)
+    empty = {name for name, info in tables.items() if info["empty"]}
+    assert {
+        "denied_over_time",
+        "denied_by_reason",
+        "latency_per_minute",
+        "traffic_per_minute",
+        "http_requests",
+    } <= empty
+    assert not tables["indicators_per_second"]["empty"] and not tables["subject_stats"]["empty"]
+    for name in empty:  # every reader gets the schema back, partitioned or not
+        path = out / "parquet" / name
+        assert spark.read.parquet(str(path)).count() == 0
+        arrow = pq.read_table(path)
+        assert arrow.num_rows == 0 and arrow.num_columns > 0
+        if report.TABLES[name][1]:
+            assert "date" in arrow.column_names
+    assert set(spark.read.parquet(str(out / "parquet" / "denied_over_time")).columns) == {
+        "start",
+        "reason_code",
+        "denied",
+        "date",
+    }
+    assert summary["security"]["denied"] == 0 and summary["http"]["requests"] == 0
+    assert "empty tables" in _render(summary)
+    assert "empty (schema only)" in (out / "report.html").read_text()
+
+
+def test_terminal_report_prints_subjects_as_written(hostile_report: tuple[dict[str, Any], Path]) -> None:
+    text = _render(hostile_report[0])
+    for subject in HOSTILE_SUBJECTS:
+        assert subject in text, subject
+    assert "/$x^$/[/red]" in text  # an HTTP path
+
+
+def test_charts_and_html_show_subjects_as_written(hostile_report: tuple[dict[str, Any], Path]) -> None:
+    summary, out = hostile_report
+    assert {"top_subjects", "denied", "http", "latency", "concurrency"} <= set(summary["outputs"]["charts"])
+    assert charts.plain("/px/$USD/$EUR") == r"/px/\$USD/\$EUR"
+    page = (out / "report.html").read_text()
+    assert "<script>" not in page and html.escape("/h/<script>alert(1)</script>") in page
+    for subject in ("/t/[/red]", "/m/$x^$", "/px/$USD/$EUR"):
+        assert html.escape(subject) in page
+
+
+def test_a_dollar_subject_no_longer_reads_as_mathtext(tmp_path: Path) -> None:
+    summary: dict[str, Any] = {
+        "traffic": {"series": []},
+        "lines": {"message": 0},
+        "period": {"series_unit": "second"},
+        "sessions": {"concurrency": [], "durations": []},
+        "latency": {"series": []},
+        "subjects": {"top_by_publications": [{"subject": "/m/$x^$", "publications": 3.0}], "fanout": []},
+        "security": {"by_reason": []},
+        "http": {"by_endpoint": [{"method": "GET", "path": "/$", "status": 200, "requests": 1}]},
+    }
+    drawn = charts.draw_all(summary, str(tmp_path))
+    assert set(drawn) == {"top_subjects", "http"}
+
+
+def test_corrupt_example_is_readable_by_any_parquet_reader(spark: SparkSession, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    summary = report.run(spark, report.Options(dirs=broken_utf8_logs(tmp_path), out=str(out), charts=False))
+    path = out / "parquet" / "corrupt_lines"
+    table = pq.read_table(path).to_pylist()
+    frame = pd.read_parquet(path)
+    assert len(frame) == len(table) == 1
+    assert spark.read.parquet(str(path)).count() == 1
+    message = table[0]
+    assert (message["kind"], message["lines"]) == ("message", 1)
+    assert message["example"].startswith('{"v":1,') and "\\xff\\xfe" in message["example"]
+    assert len(message["example"]) <= EXAMPLE_CHARS  # cut: the line is over 400 characters
+    assert {row["kind"]: row["example"] for row in summary["corrupt"]}["message"] == message["example"]
+
+
+def test_every_line_that_is_not_one_object_is_one_corrupt_line(
+    spark: SparkSession, hostile: tuple[list[str], Logs]
+) -> None:
+    dirs, logs = hostile
+    frames = read_logs(spark, dirs, persist=False)
+    corrupt = {r["kind"]: r["lines"] for r in rows(frames.corrupt)}
+    assert corrupt == {"access": len(NOT_ONE_OBJECT)}
+    # every good line, the gzipped rotation's included; no event from the corrupt ones
+    events = Counter(r["event"] for r in rows(frames.access.select("event")))
+    assert events == Counter(r["event"] for r in logs.access)
+    assert events["connect"] == len(HOSTILE_SUBJECTS)
+    assert frames.messages.count() == len(logs.messages)
+    assert frames.skipped == [str(Path(dirs[0]) / "access.log.3.zst")]
+
+
+def test_parse_lines_accepts_exactly_one_object_per_line(spark: SparkSession) -> None:
+    good = [
+        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"subscribe","subject":"/t/[/red]"}',
+        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"subscribe","subject":"/a]}"}',
+        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}\r',  # a CRLF file
+        ' {"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect","extra":{"n":[1,2]}} ',
+    ]
+    bad = [
+        *NOT_ONE_OBJECT,
+        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"},{"v":1}',
+        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"},"k":1',
+        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}]}junk',
+        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}] }junk',
+        "null",
+        "{}",
+        '"text"',
+    ]
+    lines = spark.createDataFrame([(line,) for line in [*good, *bad, "", "  \r"]], "value STRING")
+    parsed = {r["value"]: r["bad"] for r in parse_lines(lines, ACCESS_SCHEMA).select("value", "bad").collect()}
+    assert len(parsed) == len(good) + len(bad)  # blank lines are ignored
+    assert [line for line in good if parsed[line]] == []
+    assert [line for line in bad if not parsed[line]] == []
+
+
+def test_http_requests_by_endpoint_and_status(spark: SparkSession, hostile_report: tuple[dict[str, Any], Path]) -> None:
+    summary, out = hostile_report
+    table = {
+        (r["method"], r["path"], r["status"]): r["requests"]
+        for r in spark.read.parquet(str(out / "parquet" / "http_requests")).collect()
+    }
+    assert table == {
+        ("GET", "/health", 200): 2,
+        ("POST", "/publish", 200): 3,
+        ("POST", "/publish", 403): 1,
+        ("GET", "/$x^$/[/red]", 404): 1,
+        (None, None, 400): 2,
+        (None, None, 413): 1,
+    }
+    http_summary = summary["http"]
+    assert http_summary["requests"] == 10 and http_summary["endpoints"] == 6
+    assert {r["status"]: r["requests"] for r in http_summary["by_status"]} == {200: 5, 400: 2, 403: 1, 404: 1, 413: 1}
+    assert http_summary["by_endpoint"][0] == {
+        "method": "POST",
+        "path": "/publish",
+        "status": 200,
+        "requests": 3,
+        "bytes_out": 300,
+        "addresses": 1,
+        "first": "2026-11-02T00:00:30Z",
+        "last": "2026-11-02T00:00:32Z",
+    }
+    text = _render(summary)
+    assert "HTTP requests by endpoint and status (10)" in text and "(unparsed)" in text
+    assert "<h2>HTTP requests</h2>" in (out / "report.html").read_text()
+
+
+def test_spark_written_tables_match_the_driver_written_ones(
+    spark: SparkSession, known: tuple[list[str], Logs], tmp_path: Path
+) -> None:
+    """A table too big to collect is written by Spark and summarised in Spark: the same answers."""
+    small = report.run(spark, report.Options(dirs=known[0], out=str(tmp_path / "driver"), charts=False))
+    big = report.run(spark, report.Options(dirs=known[0], out=str(tmp_path / "spark"), charts=False, local_rows=0))
+    assert {info["written_by"] for name, info in big["tables"].items() if not info["empty"]} - {"driver"} == {"spark"}
+    assert big["tables"]["corrupt_lines"]["written_by"] == "driver"
+    for summary in (small, big):
+        for key in ("generated", "outputs"):
+            summary.pop(key)
+        for info in summary["tables"].values():
+            info.pop("written_by")
+    assert big == small
+    for name in ("traffic_per_minute", "subject_stats", "indicator_history", "denied_by_address"):
+        driver = sorted(map(str, spark.read.parquet(str(tmp_path / "driver" / "parquet" / name)).collect()))
+        written = sorted(map(str, spark.read.parquet(str(tmp_path / "spark" / "parquet" / name)).collect()))
+        assert driver == written, name
+
+
+def test_duckdb_reference_computes_the_same_tables(
+    spark: SparkSession, known: tuple[list[str], Logs], tmp_path: Path
+) -> None:
+    pytest.importorskip("duckdb")
+    reference = bench.duckdb_reference(known[0], str(tmp_path / "duckdb"))
+    assert reference["messages_in"] == 125 and reference["subjects"] == 3
+    assert reference["tables"]["traffic_per_hour"] == len(
+        rows(traffic.traffic(read_logs(spark, known[0]).messages, "hour"))
+    )
+    duck = {r["subject"]: r for r in pq.read_table(tmp_path / "duckdb" / "subject_stats.parquet").to_pylist()}
+    assert (duck["/a"]["publications"], duck["/a"]["deliveries"], duck["/a"]["subscriptions"]) == (100, 200, 2)
+
+
+# --- short and partial captures -------------------------------------------------------------------
+
+
+def test_series_unit_follows_the_span_of_the_logs() -> None:
+    assert report.series_unit(T0, T0 + 300) == "second"
+    assert report.series_unit(T0, T0 + 3 * 3600) == "minute"
+    assert report.series_unit(T0, T0 + 30 * 86400) == "hour"
+    assert report.series_unit(T0, T0 + 400 * 86400) == "day"
+
+
+def test_partial_first_and_last_periods_are_marked(
+    spark: SparkSession, known: tuple[list[str], Logs], tmp_path: Path
+) -> None:
+    summary = report.run(spark, report.Options(dirs=known[0], out=str(tmp_path)))
+    assert summary["period"]["series_unit"] == "minute"  # a day and an hour of logs
+    series = summary["traffic"]["series"]
+    # the logs run from T0+5 s to T0+90000 s: the first minute lacks 5 s, the last one 59 s
+    assert summary["period"]["first"] == "2026-11-02T00:00:05Z"
+    assert series[0]["start"] == "2026-11-02T00:00:00Z" and series[0]["partial"]
+    assert not any(row["partial"] for row in series[1:-1])
+    assert series[-1]["start"] == "2026-11-03T01:00:00Z" and series[-1]["partial"]
+    assert summary["sessions"]["concurrency"][0]["partial"]
+    assert "grey bands" in (tmp_path / "report.html").read_text()
+
+
+def test_windows_longer_than_the_logs_say_not_enough_history(
+    hostile_report: tuple[dict[str, Any], Path], known: tuple[list[str], Logs], per_second: DataFrame
+) -> None:
+    summary = hostile_report[0]  # 33 seconds of logs: no window is covered whole
+    assert summary["period"]["seconds"] == 33 and summary["period"]["series_unit"] == "second"
+    assert len(summary["traffic"]["series"]) == 33 and not any(r["partial"] for r in summary["traffic"]["series"])
+    windows = summary["traffic"]["indicators"]["connected_clients"]
+    assert not any(stats["full_history"] for stats in windows.values())
+    text = _render(summary)
+    assert text.count(NOT_ENOUGH_HISTORY) == len(INDICATORS)  # one line per indicator, values never repeated
+    assert "1m … 15mo" in text
+    # a day and an hour of logs: the day is covered, five days are not
+    expected = reference_series([known[1], known[2]])
+    end = max(expected)
+    got = {
+        r["window"]: r["full_history"]
+        for r in rows(traffic.indicator_windows(per_second, end).where("indicator = 'connected_clients'"))
+    }
+    assert got["1d"] and not got["5d"] and not got["15mo"]

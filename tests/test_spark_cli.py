@@ -85,7 +85,13 @@ def test_cli_report(generated: GenerateResult, tmp_path: Path) -> None:
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    for title in ("Traffic totals", "Top subjects by publications", "Reconnect storms", "Denied requests by reason"):
+    for title in (
+        "Traffic totals",
+        "Top subjects by publications",
+        "Reconnect storms",
+        "Denied requests by reason",
+        "HTTP requests by endpoint and status",
+    ):
         assert title in result.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["lines"] == {
@@ -102,7 +108,10 @@ def test_cli_report(generated: GenerateResult, tmp_path: Path) -> None:
     assert list((out / "parquet" / "traffic_per_minute").glob("date=2026-11-02/*.parquet"))
     assert list((out / "parquet" / "subject_stats").glob("*.parquet"))
     charts = summary["outputs"]["charts"]
-    assert set(charts) == {"traffic", "concurrency", "latency", "top_subjects", "fanout", "durations", "denied"}
+    assert set(charts) == {"traffic", "concurrency", "latency", "top_subjects", "fanout", "durations", "denied", "http"}
+    assert summary["http"]["requests"] > 0 and {r["status"] for r in summary["http"]["by_status"]} >= {200, 400}
+    tables = summary["tables"]
+    assert not any(tables[name]["empty"] for name in ("http_requests", "denied_over_time", "indicator_history"))
     for path in charts.values():
         width, height = _png_size(Path(path))
         assert width >= 800 and height >= 300

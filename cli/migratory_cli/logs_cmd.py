@@ -17,7 +17,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 app = typer.Typer(help="Analyse the server's access and message logs with Spark.", no_args_is_help=True)
 
-_STEPS_OUTSIDE_TABLES = 6  # reading, counting, summary, charts, html, done
+_STEPS_OUTSIDE_TABLES = 5  # reading, counting, summary, charts, html
 
 
 def _time(value: str | None) -> datetime | None:
@@ -81,7 +81,7 @@ def analyze(
     try:
         from migratory_spark.console import render
         from migratory_spark.report import TABLES, Options, run
-        from migratory_spark.session import build_session
+        from migratory_spark.session import build_session, input_bytes
     except ImportError as exc:
         console.print(
             rf"[red]error:[/] PySpark is not installed ({exc}); "
@@ -111,7 +111,7 @@ def analyze(
     with progress:
         task = progress.add_task("starting Spark", total=len(TABLES) + _STEPS_OUTSIDE_TABLES)
         try:
-            spark = build_session(master, conf=settings)
+            spark = build_session(master, conf=settings, input_size=input_bytes(logdirs))
         except Exception as exc:  # no Java, bad master URL: the JVM gateway's own message says which
             typer.echo(f"error: cannot start Spark on {master}: {exc}", err=True)
             raise typer.Exit(2) from None

@@ -1,4 +1,10 @@
-"""PNG charts of the summary (matplotlib, Agg backend: no display needed)."""
+"""PNG charts of the summary (matplotlib, Agg backend: no display needed).
+
+Subjects, reasons and paths are user data: every label drawn goes through
+:func:`plain`, which escapes ``$`` so that matplotlib never reads a subject such
+as ``/m/$x^$`` as mathtext. Time series mark their partial first and last
+periods (a bucket the logs do not cover whole) with a grey band.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,14 @@ import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-__all__ = ["draw_all"]
+__all__ = ["draw_all", "plain"]
+
+_UNIT_DAYS = {"second": 1 / 86400, "minute": 1 / 1440, "hour": 1 / 24, "day": 1.0}
+
+
+def plain(text: Any) -> str:
+    """A label drawn as written: ``$`` escaped (no mathtext)."""
+    return str(text).replace("$", r"\$")
 
 
 def _times(rows: list[dict[str, Any]]) -> Any:
@@ -25,6 +38,22 @@ def _times(rows: list[dict[str, Any]]) -> Any:
 def _marker(rows: list[dict[str, Any]]) -> str | None:
     """Dots where the series is short enough that a line alone could be invisible."""
     return "o" if len(rows) < 40 else None
+
+
+def _partial(ax: Axes, rows: list[dict[str, Any]], unit: str) -> None:
+    """Grey bands over the buckets the logs cover only in part (first and last)."""
+    times = _times(rows)
+    labelled = False
+    for when, row in zip(times, rows, strict=True):
+        if row.get("partial"):
+            ax.axvspan(
+                when,
+                when + _UNIT_DAYS.get(unit, 1 / 1440),
+                color="grey",
+                alpha=0.15,
+                label=None if labelled else f"partial {unit}",
+            )
+            labelled = True
 
 
 def _time_axis(ax: Axes) -> None:
@@ -44,21 +73,23 @@ def _save(fig: Any, path: str) -> str:
 
 def _traffic(summary: dict[str, Any], path: str) -> str | None:
     rows = summary["traffic"]["series"]
-    if not rows:
+    if not rows or not summary["lines"]["message"]:
         return None
     unit = summary["period"]["series_unit"]
     times = _times(rows)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     top.plot(times, [r["messages_in"] for r in rows], label="messages in", marker=_marker(rows), color="tab:blue")
     top.plot(times, [r["messages_out"] for r in rows], label="messages out", marker=_marker(rows), color="tab:orange")
-    top.set_yscale("log")  # deliveries outnumber publications by the fan-out
+    top.set_yscale("symlog", linthresh=1)  # deliveries outnumber publications by the fan-out; 0 stays drawable
     top.set_ylabel(f"messages per {unit}")
+    _partial(top, rows, unit)
     top.legend(loc="upper left")
-    top.set_title("Traffic (UTC)")
+    top.set_title(f"Traffic per {unit} (UTC)")
     bottom.plot(times, [r["bytes_in"] for r in rows], label="bytes in", marker=_marker(rows), color="tab:green")
     bottom.plot(times, [r["bytes_out"] for r in rows], label="bytes out", marker=_marker(rows), color="tab:red")
-    bottom.set_yscale("log")
+    bottom.set_yscale("symlog", linthresh=1)
     bottom.set_ylabel(f"bytes per {unit}")
+    _partial(bottom, rows, unit)
     bottom.legend(loc="upper left")
     _time_axis(top)
     _time_axis(bottom)
@@ -74,7 +105,8 @@ def _concurrency(summary: dict[str, Any], path: str) -> str | None:
     ax.fill_between(times, [r["min"] for r in rows], [r["max"] for r in rows], alpha=0.3, label="min-max")
     ax.plot(times, [r["avg"] for r in rows], label="average", marker=_marker(rows))
     ax.set_ylabel("connected clients")
-    ax.set_title("Concurrent connections (UTC)")
+    ax.set_title(f"Concurrent connections per {summary['period']['series_unit']} (UTC)")
+    _partial(ax, rows, summary["period"]["series_unit"])
     ax.legend(loc="upper left")
     _time_axis(ax)
     return _save(fig, path)
@@ -89,9 +121,10 @@ def _latency(summary: dict[str, Any], path: str) -> str | None:
     ax.plot(times, [r["p50_us"] for r in rows], label="p50", marker=_marker(rows))
     ax.plot(times, [r["p99_us"] for r in rows], label="p99", marker=_marker(rows))
     ax.plot(times, [r["max_us"] for r in rows], label="max", marker=_marker(rows), alpha=0.5)
-    ax.set_yscale("log")
+    ax.set_yscale("symlog", linthresh=1)
     ax.set_ylabel("fan-out latency (µs)")
-    ax.set_title("Publish-to-fan-out latency (UTC)")
+    ax.set_title(f"Publish-to-fan-out latency per {summary['period']['series_unit']} (UTC)")
+    _partial(ax, rows, summary["period"]["series_unit"])
     ax.legend(loc="upper left")
     _time_axis(ax)
     return _save(fig, path)
@@ -102,7 +135,8 @@ def _bars(rows: list[dict[str, Any]], label: str, value: str, title: str, path: 
         return None
     merged: dict[str, float] = {}  # rows may repeat a label (e.g. one reason for several request kinds)
     for row in rows:
-        merged[str(row[label])] = merged.get(str(row[label]), 0.0) + float(row[value] or 0)
+        name = plain(row[label])
+        merged[name] = merged.get(name, 0.0) + float(row[value] or 0)
     labels = list(merged)
     values = list(merged.values())
     fig, ax = plt.subplots(figsize=(10, max(3.0, 0.3 * len(labels) + 1) if horizontal else 3.5))
@@ -114,6 +148,36 @@ def _bars(rows: list[dict[str, Any]], label: str, value: str, title: str, path: 
         ax.set_ylabel(value)
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="x" if horizontal else "y")
+    return _save(fig, path)
+
+
+_STATUS_COLOURS = {"2xx": "tab:green", "3xx": "tab:blue", "4xx": "tab:orange", "5xx": "tab:red"}
+
+
+def _http(summary: dict[str, Any], path: str) -> str | None:
+    """Requests per endpoint (method and path), stacked by status class."""
+    rows = summary.get("http", {}).get("by_endpoint", [])[:15]
+    if not rows:
+        return None
+    endpoints: dict[str, dict[str, float]] = {}
+    for row in rows:
+        name = plain(f"{row.get('method') or '?'} {row.get('path') or '(unparsed)'}")
+        status = row.get("status")
+        kind = "unknown" if status is None else f"{int(status) // 100}xx"
+        counts = endpoints.setdefault(name, {})
+        counts[kind] = counts.get(kind, 0.0) + float(row["requests"] or 0)
+    names = list(endpoints)[::-1]
+    kinds = sorted({kind for counts in endpoints.values() for kind in counts})
+    fig, ax = plt.subplots(figsize=(10, max(3.0, 0.3 * len(names) + 1)))
+    left = [0.0] * len(names)
+    for kind in kinds:
+        widths = [endpoints[name].get(kind, 0.0) for name in names]
+        ax.barh(names, widths, left=left, label=kind, color=_STATUS_COLOURS.get(kind, "tab:gray"))
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set_xlabel("requests")
+    ax.set_title("HTTP requests by endpoint and status")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3, axis="x")
     return _save(fig, path)
 
 
@@ -158,5 +222,6 @@ def draw_all(summary: dict[str, Any], folder: str) -> dict[str, str]:
             os.path.join(folder, "denied.png"),
             horizontal=True,
         ),
+        "http": _http(summary, os.path.join(folder, "http.png")),
     }
     return {name: path for name, path in drawn.items() if path is not None}

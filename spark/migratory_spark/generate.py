@@ -4,9 +4,10 @@ Per node: sessions arrive and leave (durations spread from seconds to hours,
 the server's disconnect reasons), subscribe to popular subjects more often
 than to rare ones (Zipf-like), publications follow a daily rhythm with fan-out
 from the subject's popularity and a long-tailed latency, a trickle of denied
-requests, one reconnect storm per hour and a few corrupt lines. Lines are
-formatted by hand (not ``json.dumps``) so that gigabytes take seconds to write.
-Deterministic for a given seed.
+requests, HTTP requests (health checks, publishes, snapshots, a few answered
+with an error before their head was parsed), one reconnect storm per hour and
+a few corrupt lines. Lines are formatted by hand (not ``json.dumps``) so that
+gigabytes take seconds to write. Deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,18 @@ _DENIED = (
     ("address_not_allowed", "publish", "publishing not allowed from this address"),
     ("subscription_limit", "subscribe", "too many subscriptions"),
     ("rate_limited", "connect", "too many connections per second"),
+)
+# HTTP requests: (method, path, status, bytes out, weight); no method and path for a request
+# answered before its head was parsed (malformed, too large)
+_HTTP = (
+    ("GET", "/health", 200, 60, 50),
+    ("POST", "/publish", 200, 80, 30),
+    ("POST", "/publish", 403, 90, 4),
+    ("GET", "/snapshot", 200, 400, 10),
+    ("GET", "/snapshot", 404, 90, 3),
+    ("GET", "/favicon.ico", 404, 90, 2),
+    (None, None, 400, 70, 1),
+    (None, None, 413, 70, 1),
 )
 
 
@@ -158,6 +171,18 @@ def generate(
                     f'"bytes_out":{rng.randrange(10_000, 2_000_000)}}}\n'
                 )
                 access_lines += 1
+            if rng.random() < 0.3:  # an HTTP request (health checks, HTTP publishes, snapshots, errors)
+                method, path, code_http, answer, _ = _HTTP[_weighted(rng, _HTTP_WEIGHTS)]
+                quoted = "null" if method is None else f'"{method}"'
+                where = "null" if path is None else f'"{path}"'
+                named = f'"{names[rng.randrange(subjects)]}"' if path in ("/publish", "/snapshot") else "null"
+                access.write(
+                    f'{{"v":1,"ts":"{_stamp(second, rng.randrange(1000))}","event":"http","session":"{epoch}-1-0",'
+                    f'"addr":"10.250.1.{rng.randrange(1, 20)}","port":{rng.randrange(1024, 65535)},'
+                    f'"listener":"{plain_listener}","protocol":"http","tls":false,"method":{quoted},"path":{where},'
+                    f'"status":{code_http},"subject":{named},"bytes_out":{answer}}}\n'
+                )
+                access_lines += 1
             if rng.random() < 0.2:
                 code, request, text = _DENIED[rng.randrange(len(_DENIED))]
                 subject = "null" if request == "connect" else f'"{names[rng.randrange(subjects)]}"'
@@ -203,6 +228,18 @@ def generate(
         first=begin,
         last=datetime.fromtimestamp(last_second, UTC),
     )
+
+
+_HTTP_WEIGHTS = [float(weight) for *_, weight in _HTTP]
+
+
+def _weighted(rng: random.Random, weights: list[float]) -> int:
+    pick = rng.uniform(0, sum(weights))
+    for index, weight in enumerate(weights):
+        pick -= weight
+        if pick <= 0:
+            return index
+    return len(weights) - 1
 
 
 def _pick(rng: random.Random, cumulative: list[float]) -> int:

@@ -1,4 +1,8 @@
-"""One self-contained HTML report: tables and the PNG charts inlined as data URIs."""
+"""One self-contained HTML report: tables and the PNG charts inlined as data URIs.
+
+Every value from the logs (subjects, paths, addresses, corrupt lines) is
+HTML-escaped; corrupt-line examples arrive escaped and cut by the reader.
+"""
 
 from __future__ import annotations
 
@@ -47,14 +51,31 @@ def _image(charts: dict[str, str], name: str) -> str:
 
 
 def _indicators(summary: dict[str, Any]) -> str:
-    windows = summary["traffic"]["indicators"]
+    from migratory_spark.console import indicator_rows
+
     order = ["1m", "5m", "15m", "1h", "5h", "15h", "1d", "5d", "15d", "1mo", "5mo", "15mo"]
-    rows = []
-    for indicator, by_window in windows.items():
-        for name in order:
-            if name in by_window:
-                rows.append({"indicator": indicator, "window": name, **by_window[name]})
-    return _table(rows, ["indicator", "window", "max", "avg", "stddev", "samples"])
+    return _table(indicator_rows(summary, order), ["indicator", "window", "max", "avg", "stddev", "samples"])
+
+
+def _partial_note(summary: dict[str, Any]) -> str:
+    unit = summary["period"]["series_unit"]
+    series = summary["traffic"]["series"] + summary["sessions"]["concurrency"] + summary["latency"]["series"]
+    if not any(row.get("partial") for row in series):
+        return ""
+    unit = html.escape(unit)
+    return f'<p class="muted">Charts per {unit}; grey bands: a first or last {unit} the logs cover only in part.</p>'
+
+
+def _endpoints(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**r, "method": r.get("method") or "", "path": r.get("path") or "(unparsed)"} for r in rows]
+
+
+def _tables(summary: dict[str, Any]) -> str:
+    rows = [
+        {"table": name, "rows": info["rows"], "state": "empty (schema only)" if info["empty"] else ""}
+        for name, info in summary.get("tables", {}).items()
+    ]
+    return _table(rows, ["table", "rows", "state"])
 
 
 def write_report(summary: dict[str, Any], path: str) -> str:
@@ -67,6 +88,7 @@ def write_report(summary: dict[str, Any], path: str) -> str:
         summary["security"],
         summary["latency"],
     )
+    http_summary: dict[str, Any] = summary.get("http", {})
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>MigratoryData log report</title>",
         f"<style>{_STYLE}</style></head><body>",
@@ -76,10 +98,16 @@ def write_report(summary: dict[str, Any], path: str) -> str:
         f"Spark {html.escape(summary['spark']['version'])} on {html.escape(summary['spark']['master'])}</p>",
         "<h2>Input</h2>",
         _table([summary["lines"]]),
+        (
+            f"<p>Not read (not a log or its rotation): {html.escape(', '.join(summary['skipped_files']))}</p>"
+            if summary.get("skipped_files")
+            else ""
+        ),
         "<h3>Corrupt lines (skipped)</h3>",
         _table(summary["corrupt"]),
         "<h2>Traffic</h2>",
         _table([summary["traffic"]["totals"]]),
+        _partial_note(summary),
         _image(charts, "traffic"),
         "<h3>Monitoring indicators over the last windows</h3>",
         _indicators(summary),
@@ -119,11 +147,23 @@ def write_report(summary: dict[str, Any], path: str) -> str:
         _table(security["by_address"]),
         "<h3>By subject</h3>",
         _table(security["by_subject"]),
+        "<h2>HTTP requests</h2>",
+        f"<p>{_cell(http_summary.get('requests', 0))} requests</p>",
+        _image(charts, "http"),
+        _table(http_summary.get("by_status", []), ["status", "requests"]),
+        "<h3>By endpoint and status</h3>",
+        _table(
+            _endpoints(http_summary.get("by_endpoint", [])),
+            ["method", "path", "status", "requests", "bytes_out", "addresses"],
+        ),
         "<h2>Latency</h2>",
         _table([latency["overall"]]),
         _image(charts, "latency"),
         "<h3>Slowest subjects (p99)</h3>",
         _table(latency["by_subject"]),
+        "<h2>Tables (Parquet)</h2>",
+        f"<p>{html.escape(summary['outputs']['parquet'])}</p>",
+        _tables(summary),
         "</body></html>",
     ]
     with open(path, "w", encoding="utf-8") as handle:

@@ -8,10 +8,11 @@ unknown schema version is *corrupt*: it is counted per node and file kind, an
 example is kept, and it is left out of every analysis, never fatal. Blank lines
 are ignored.
 
-The check costs no second JSON parse of the fields: the line is parsed wrapped as
-``{"r": LINE}`` (anything after the object breaks that wrapper, except a closing
-``}`` or a ``,``) and its tokens are counted wrapped as ``[LINE]`` (which a closing
-``}`` or a ``,`` does break); together they accept exactly one object.
+The check costs no second parse: the line is parsed wrapped as ``{"r":[LINE]}``
+(a list of exactly one object; anything after the object breaks the wrapper
+unless it starts by closing it with ``]``), and only a line holding a ``]`` has
+its tokens read a second time, wrapped as ``{"r":LINE}`` (which that ``]``
+breaks). Together they accept exactly one JSON object per line.
 
 Every directory given is one node; the node is kept on each row so that session
 ids (unique per node only) are keyed by node. The parse is persisted, with only
@@ -27,9 +28,9 @@ from datetime import datetime
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
 from migratory_spark import SCHEMA_VERSION
 from migratory_spark.schema import ACCESS_SCHEMA, CORRUPT, MESSAGE_SCHEMA, TS_FORMAT
@@ -72,7 +73,7 @@ ACCESS_COLUMNS = (
     "status",
     "bytes_out",
 )
-MESSAGE_COLUMNS = ("event", "subject", "size", "status", "recipients", "bytes_out", "latency_us", "sampling")
+MESSAGE_COLUMNS = ("subject", "size", "status", "recipients", "bytes_out", "latency_us", "sampling")
 
 
 @dataclass(frozen=True)
@@ -110,40 +111,38 @@ def _is_rotation(entry: str, name: str) -> bool:
     return entry == name or (entry.startswith(name + ".") and entry[len(name) + 1 :].isdigit())
 
 
-def log_files(dirs: Sequence[str], name: str) -> tuple[list[str], list[str]]:
-    """``NAME``, ``NAME.N`` and their ``.gz``/``.bz2`` in every directory, and the ``NAME.*`` files skipped.
+def log_files(dirs: Sequence[str], name: str) -> tuple[dict[str, list[str]], list[str]]:
+    """Per node (its folder): ``NAME``, ``NAME.N`` and their ``.gz``/``.bz2``; and the ``NAME.*`` files skipped.
 
-    Remote folders (``hdfs://``, ``s3a://``) are globbed by Spark and never listed here.
+    A local node is named by its absolute path; remote folders (``hdfs://``,
+    ``s3a://``) are globbed by Spark, never listed here.
     """
-    out: list[str] = []
+    out: dict[str, list[str]] = {}
     skipped: list[str] = []
     for folder in dirs:
         if _is_remote(folder):
             base = folder.rstrip("/")
-            out.append(f"{base}/{name}{{,.[0-9]*}}")  # NAME.N.gz matches too
-            out.append(f"{base}/{name}{{.gz,.bz2}}")
+            # NAME.N.gz matches the first pattern too
+            out.setdefault(base, []).extend([f"{base}/{name}{{,.[0-9]*}}", f"{base}/{name}{{.gz,.bz2}}"])
             continue
         local = folder.removeprefix("file://")
         if not os.path.isdir(local):
             raise FileNotFoundError(f"{folder}: not a directory")
+        node = os.path.abspath(local)
+        files = out.setdefault(node, [])
         for entry in sorted(os.listdir(local)):
-            path = os.path.abspath(os.path.join(local, entry))
+            path = os.path.join(node, entry)
             if _is_rotation(entry, name):
                 if os.path.isfile(path) and os.path.getsize(path) > 0:
-                    out.append("file://" + path)
+                    files.append("file://" + path)
             elif entry.startswith(name + "."):
                 skipped.append(path)
-    return out, skipped
+    return {node: files for node, files in out.items() if files}, skipped
 
 
 def log_paths(dirs: Sequence[str], name: str) -> list[str]:
     """The files (or, for remote folders, the globs) read for ``NAME`` in every directory."""
-    return log_files(dirs, name)[0]
-
-
-def _node(file_col: Column) -> Column:
-    """The directory a line came from, as the node's name."""
-    return F.regexp_extract(file_col, r"^(?:file:(?://)?)?(.*)/[^/]+$", 1)
+    return [path for paths in log_files(dirs, name)[0].values() for path in paths]
 
 
 def parse_lines(lines: DataFrame, schema: StructType) -> DataFrame:
@@ -152,23 +151,25 @@ def parse_lines(lines: DataFrame, schema: StructType) -> DataFrame:
     Blank lines are dropped; ``value`` is kept (the caller keeps it for corrupt lines only).
     """
     fields = [f for f in schema.fields if f.name != CORRUPT]
-    wrapped = StructType([StructField("r", StructType(fields)), StructField(CORRUPT, StringType())])
+    wrapped = StructType([StructField("r", ArrayType(StructType(fields))), StructField(CORRUPT, StringType())])
     value = F.col("value")
     parsed = F.from_json(
-        F.concat(F.lit('{"r":'), value, F.lit("}")),
+        F.concat(F.lit('{"r":['), value, F.lit("]}")),
         wrapped,
         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
     )
-    # exactly one JSON value on the line: what the wrapper above lets through, this catches
-    single = F.coalesce(F.json_array_length(F.concat(F.lit("["), value, F.lit("]"))), F.lit(0)) == 1
+    # a line with a "]" could close the wrapper above early: parse its tokens in the other wrapper too
+    closed = F.json_object_keys(F.concat(F.lit('{"r":'), value, F.lit("}"))).isNotNull()
+    single = F.when(F.instr(value, "]") > 0, closed).otherwise(F.lit(True))
     rows = (
         lines.where(F.btrim(value, F.lit(" \t\r")) != "")
         .select("*", parsed.alias("_p"))
+        .select("*", F.try_element_at("_p.r", F.lit(1)).alias("_r"))
         .select(
-            *[c for c in lines.columns],
-            *[F.col("_p.r").getField(f.name).alias(f.name) for f in fields],
+            *lines.columns,
+            *[F.col("_r").getField(f.name).alias(f.name) for f in fields],
             F.col("_p").getField(CORRUPT).isNotNull().alias("_malformed"),
-            F.col("_p.r").isNull().alias("_missing"),
+            ((F.coalesce(F.size("_p.r"), F.lit(0)) != 1) | F.col("_r").isNull()).alias("_missing"),
             single.alias("_single"),
         )
         .withColumn("time", F.try_to_timestamp(F.col("ts"), F.lit(TS_FORMAT)))
@@ -191,23 +192,20 @@ def parse_lines(lines: DataFrame, schema: StructType) -> DataFrame:
 
 def _read_kind(
     spark: SparkSession,
-    paths: list[str],
+    files: dict[str, list[str]],
     schema: StructType,
-    kind: str,
     keep: Sequence[str],
     since: datetime | None,
     until: datetime | None,
 ) -> DataFrame:
     """One kind of log, parsed and flagged: ``state`` is ``good``, ``outside`` (the period) or ``corrupt``."""
-    if not paths:
+    lines: DataFrame | None = None
+    for node, paths in files.items():  # one read per node: the node is a constant, not parsed from each path
+        read = spark.read.option("lineSep", "\n").text(paths).select("value", F.lit(node).alias("node"))
+        lines = read if lines is None else lines.unionByName(read)
+    if lines is None:
         empty = StructType([StructField("value", StringType()), StructField("node", StringType())])
         lines = spark.createDataFrame([], empty)
-    else:
-        lines = (
-            spark.read.option("lineSep", "\n")
-            .text(paths)
-            .select("value", _node(F.col("_metadata.file_path")).alias("node"))
-        )
     rows = parse_lines(lines, schema)
     inside = F.lit(True)
     if since is not None:
@@ -217,16 +215,7 @@ def _read_kind(
     state = F.when(F.col("bad"), "corrupt").when(inside, "good").otherwise("outside")
     example = F.when(F.col("bad"), F.substring(F.col("value").cast("binary"), 1, _EXAMPLE_BYTES))
     extra = [F.concat_ws("|", "node", "session").alias("session_key")] if "session" in keep else []
-    return rows.select(
-        F.lit(kind).alias("kind"),
-        "node",
-        state.alias("state"),
-        "time",
-        "second",
-        *keep,
-        *extra,
-        example.alias("example"),
-    )
+    return rows.select("node", state.alias("state"), "second", *keep, *extra, example.alias("example"))
 
 
 def read_logs(
@@ -236,21 +225,27 @@ def read_logs(
     until: datetime | None = None,
     persist: bool = True,
 ) -> LogFrames:
-    """Parse every node's logs once; with ``persist`` the parse is kept for all analyses."""
+    """Parse every node's logs once; with ``persist`` the parse is kept for all analyses.
+
+    Only the columns the analyses read are kept (:data:`ACCESS_COLUMNS`,
+    :data:`MESSAGE_COLUMNS`, plus ``node``, ``second`` and ``time``, the second
+    the line was logged in as a timestamp).
+    """
     access_files, access_skipped = log_files(dirs, "access.log")
     message_files, message_skipped = log_files(dirs, "message.log")
-    access = _read_kind(spark, access_files, ACCESS_SCHEMA, "access", ACCESS_COLUMNS, since, until)
-    messages = _read_kind(spark, message_files, MESSAGE_SCHEMA, "message", MESSAGE_COLUMNS, since, until)
+    access = _read_kind(spark, access_files, ACCESS_SCHEMA, ACCESS_COLUMNS, since, until)
+    messages = _read_kind(spark, message_files, MESSAGE_SCHEMA, MESSAGE_COLUMNS, since, until)
     persisted: tuple[DataFrame, ...] = ()
     if persist:
         access = access.persist(StorageLevel.MEMORY_AND_DISK)
         messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
         persisted = (access, messages)
-    columns = ["kind", "node", "state", "event", "second", "example"]
+    columns = ["node", "state", "second", "example"]
+    no_event = F.lit(None).cast("string").alias("event")
     overview = (
-        access.select(*columns)
-        .unionByName(messages.select(*columns))
-        .groupBy("kind", "node", "state", F.when(F.col("state") != "corrupt", F.col("event")).alias("event"))
+        access.select(F.lit("access").alias("kind"), *columns, "event")
+        .unionByName(messages.select(F.lit("message").alias("kind"), *columns, no_event))
+        .groupBy("kind", "node", "state", F.when(F.col("state") == "good", F.col("event")).alias("event"))
         .agg(
             F.count(F.lit(1)).alias("lines"),
             F.min("second").alias("first"),
@@ -263,11 +258,10 @@ def read_logs(
         .groupBy("kind", "node")
         .agg(F.sum("lines").alias("lines"), F.min("example").alias("example"))
     )
-    keep_access = ["node", "time", "second", *ACCESS_COLUMNS, "session_key"]
-    keep_messages = ["node", "time", "second", *MESSAGE_COLUMNS]
+    time = F.timestamp_seconds("second").alias("time")
     return LogFrames(
-        access=access.where(F.col("state") == "good").select(*keep_access),
-        messages=messages.where(F.col("state") == "good").select(*keep_messages),
+        access=access.where(F.col("state") == "good").select("node", time, "second", *ACCESS_COLUMNS, "session_key"),
+        messages=messages.where(F.col("state") == "good").select("node", time, "second", *MESSAGE_COLUMNS),
         corrupt=corrupt,
         overview=overview,
         skipped=sorted(access_skipped + message_skipped),

@@ -16,11 +16,15 @@ from pyspark.sql import functions as F
 __all__ = [
     "INDICATORS",
     "WINDOWS",
+    "concurrency_from_partials",
     "indicator_history",
     "indicator_windows",
     "indicators_per_second",
     "message_rates",
+    "minute_partials",
+    "rates_per_second",
     "traffic",
+    "traffic_from_rates",
     "weight",
 ]
 
@@ -73,64 +77,108 @@ def message_rates(messages: DataFrame, bucket: Column) -> DataFrame:
 
 def traffic(messages: DataFrame, unit: str) -> DataFrame:
     """Messages and bytes in/out per ``minute``, ``hour`` or ``day`` (UTC), with a ``date`` to partition by."""
-    if unit not in ("minute", "hour", "day"):
-        raise ValueError(f"unit must be minute, hour or day, not {unit!r}")
+    _check_unit(unit)
     rates = message_rates(messages, F.date_trunc(unit, F.col("time")))
     return rates.withColumnRenamed("bucket", "start").withColumn("date", F.to_date("start")).orderBy("start")
 
 
-def indicators_per_second(access: DataFrame, messages: DataFrame, spark: SparkSession) -> DataFrame:
+def _check_unit(unit: str) -> None:
+    if unit not in ("minute", "hour", "day"):
+        raise ValueError(f"unit must be minute, hour or day, not {unit!r}")
+
+
+_SUMS = ("messages_in", "messages_out", "bytes_in", "bytes_out", "lines")
+
+
+def rates_per_second(messages: DataFrame) -> DataFrame:
+    """Weighted messages and bytes in/out and logged lines per second (only the seconds that have any)."""
+    return message_rates(messages, F.col("second")).withColumnRenamed("bucket", "second")
+
+
+def traffic_from_rates(rates: DataFrame, unit: str) -> DataFrame:
+    """:func:`traffic` from per-second rates (or from a finer traffic table with ``start``): sums add up exactly."""
+    _check_unit(unit)
+    time = F.col("start") if "start" in rates.columns else F.timestamp_seconds("second")
+    start = F.date_trunc(unit, time)
+    return (
+        rates.groupBy(start.alias("start"))
+        .agg(*[F.sum(name).alias(name) for name in _SUMS])
+        .withColumn("date", F.to_date("start"))
+        .orderBy("start")
+    )
+
+
+def indicators_per_second(
+    access: DataFrame,
+    messages: DataFrame,
+    spark: SparkSession,
+    rates: DataFrame | None = None,
+    bounds: tuple[int, int] | None = None,
+) -> DataFrame:
     """One row per second from the first to the last logged second, the seven indicators as columns.
 
     Connected clients is the running sum of connects minus disconnects. Sessions
     that were already connected when the logs begin show up as disconnects
     without a connect; the count is lifted by the deepest deficit so it never
     goes below zero. The running sum is computed per day and offset by the days
-    before it, so no step moves every second into one partition.
+    before it, so no step moves every second into one partition. ``rates``
+    (:func:`rates_per_second`) and ``bounds`` (first and last second), when the
+    caller has them already, save a pass over the logs each.
     """
-    events = access.where(F.col("event").isin("connect", "disconnect"))
-    per_event = events.groupBy("second").agg(
-        F.sum(F.when(F.col("event") == "connect", 1).otherwise(0)).alias("connections_per_second"),
-        F.sum(F.when(F.col("event") == "disconnect", 1).otherwise(0)).alias("disconnections_per_second"),
-    )
-    rates = message_rates(messages, F.col("second")).select(
-        F.col("bucket").alias("second"),
-        F.col("messages_in").alias("messages_in_per_second"),
-        F.col("messages_out").alias("messages_out_per_second"),
-        F.col("bytes_in").alias("bytes_in_per_second"),
-        F.col("bytes_out").alias("bytes_out_per_second"),
-    )
-    bounds = (
-        access.select("second").unionByName(messages.select("second")).agg(F.min("second"), F.max("second")).first()
-    )
-    if bounds is None or bounds[0] is None:
+    if bounds is None:
+        found = (
+            access.select("second").unionByName(messages.select("second")).agg(F.min("second"), F.max("second")).first()
+        )
+        if found is not None and found[0] is not None:
+            bounds = (int(found[0]), int(found[1]))
+    if bounds is None:
         schema = "second BIGINT, time TIMESTAMP, date DATE, " + ", ".join(f"{name} DOUBLE" for name in INDICATORS)
         return spark.createDataFrame([], schema)
-    first, last = int(bounds[0]), int(bounds[1])
-    seconds = spark.range(first, last + 1).withColumnRenamed("id", "second")
-    series = (
-        seconds.join(per_event, "second", "left")
-        .join(rates, "second", "left")
-        .fillna(0)
+    first, last = bounds
+    zero = F.lit(0.0)
+    sums = ("messages_in", "messages_out", "bytes_in", "bytes_out")
+    # every second of the period (zeros), the connects and disconnects, the message rates: summed per second
+    quiet = spark.range(first, last + 1).select(
+        F.col("id").alias("second"), zero.alias("connects"), zero.alias("disconnects"), *[zero.alias(n) for n in sums]
+    )
+    moves = access.where(F.col("event").isin("connect", "disconnect")).select(
+        "second",
+        (F.col("event") == "connect").cast("double").alias("connects"),
+        (F.col("event") == "disconnect").cast("double").alias("disconnects"),
+        *[zero.alias(n) for n in sums],
+    )
+    flows = (rates if rates is not None else rates_per_second(messages)).select(
+        "second", zero.alias("connects"), zero.alias("disconnects"), *[F.col(n).cast("double").alias(n) for n in sums]
+    )
+    # one shuffle, by day: the sums per second and the running count within the day need no other
+    per_second = (
+        quiet.unionByName(moves)
+        .unionByName(flows)
         .withColumn("day", F.floor(F.col("second") / _DAY))
-        .withColumn("delta", F.col("connections_per_second") - F.col("disconnections_per_second"))
+        .repartition("day")
+        .groupBy("day", "second")
+        .agg(*[F.sum(n).alias(n) for n in ("connects", "disconnects", *sums)])
+        .withColumn("delta", F.col("connects") - F.col("disconnects"))
     )
     in_day = Window.partitionBy("day").orderBy("second").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    series = series.withColumn("running", F.sum("delta").over(in_day))
-    days = series.groupBy("day").agg(F.sum("delta").alias("day_delta"))
+    series = per_second.withColumn("running", F.sum("delta").over(in_day))
+    # per day: its net change and its lowest point; the days before offset it, the deepest point lifts all
+    days = series.groupBy("day").agg(F.sum("delta").alias("day_delta"), F.min("running").alias("low"))
     before = Window.orderBy("day").rowsBetween(Window.unboundedPreceding, -1)
-    offsets = days.withColumn("offset", F.coalesce(F.sum("day_delta").over(before), F.lit(0))).select("day", "offset")
-    series = series.join(F.broadcast(offsets), "day").withColumn("level", F.col("running") + F.col("offset"))
-    deficit = series.agg(F.greatest(F.lit(0), -F.min("level")).alias("lift"))
-    series = series.crossJoin(F.broadcast(deficit)).withColumn(
-        "connected_clients", (F.col("level") + F.col("lift")).cast("double")
-    )
+    offsets = days.withColumn("offset", F.coalesce(F.sum("day_delta").over(before), F.lit(0.0)))
+    offsets = offsets.withColumn(
+        "lift", F.greatest(F.lit(0.0), -F.min(F.col("offset") + F.col("low")).over(Window.partitionBy()))
+    ).select("day", (F.col("offset") + F.col("lift")).alias("base"))
+    series = series.join(F.broadcast(offsets), "day").withColumn("connected_clients", F.col("running") + F.col("base"))
     time = F.timestamp_seconds("second")
     return series.select(
         "second",
         time.alias("time"),
         F.to_date(time).alias("date"),
-        *[F.col(name).cast("double").alias(name) for name in INDICATORS],
+        F.col("connected_clients").cast("double").alias("connected_clients"),
+        F.col("connects").alias("connections_per_second"),
+        F.col("disconnects").alias("disconnections_per_second"),
+        *[F.col(n).alias(f"{n}_per_second") for n in sums],
     )
 
 
@@ -147,11 +195,25 @@ def _finish(grouped: DataFrame) -> DataFrame:
     return grouped.withColumn("avg", mean).withColumn("stddev", F.sqrt(variance)).withColumnRenamed("peak", "max")
 
 
-def indicator_windows(per_second: DataFrame, end_second: int | None = None) -> DataFrame:
-    """Max/avg/stddev of each indicator over the last 1/5/15 minutes ... months before ``end_second``.
+def _moments() -> list[Column]:
+    """Per-second values -> sums that merge exactly: count, total, squares, max, min, first second."""
+    return [
+        F.count(F.lit(1)).alias("n"),
+        F.sum("value").alias("total"),
+        F.sum(F.col("value") * F.col("value")).alias("squares"),
+        F.max("value").alias("peak"),
+        F.min("value").alias("low"),
+        F.min("second").alias("first"),
+    ]
 
-    Windows nest, so each second is aggregated once into the smallest window that
-    holds it and the windows are then merged cumulatively: exact, one pass.
+
+def minute_partials(per_second: DataFrame, end_second: int | None = None) -> DataFrame:
+    """The one pass over the per-second series that the windows and the history both merge from.
+
+    Per epoch minute, indicator and *tag* (the smallest of :data:`WINDOWS` that
+    holds the second, counted back from ``end_second``; null after it or beyond
+    the largest): count, total, squares, max, min and the first second. Window
+    ends are whole minutes apart, so a minute holds at most two tags.
     """
     ordered = sorted(WINDOWS.items(), key=lambda item: item[1])
     smallest = F.lit(None).cast("string")
@@ -162,53 +224,92 @@ def indicator_windows(per_second: DataFrame, end_second: int | None = None) -> D
         aged = per_second.crossJoin(F.broadcast(last)).withColumn("age", F.col("end") - F.col("second"))
     else:
         aged = per_second.withColumn("age", F.lit(end_second) - F.col("second"))
-    aged = aged.where(F.col("age") >= 0).withColumn("window", smallest).where(F.col("window").isNotNull())
-    long = _stack(aged, ["window"])
-    parts = long.groupBy("window", "indicator").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.sum("value").alias("total"),
-        F.sum(F.col("value") * F.col("value")).alias("squares"),
-        F.max("value").alias("peak"),
+    tagged = aged.withColumn("tag", F.when(F.col("age") >= 0, smallest)).withColumn(
+        "minute", F.col("second") - F.col("second") % _MINUTE
     )
-    spark = per_second.sparkSession
-    names = spark.createDataFrame(ordered, "window STRING, seconds BIGINT").crossJoin(
-        spark.createDataFrame([(name,) for name in INDICATORS], "indicator STRING")
+    return _stack(tagged, ["minute", "tag", "second"]).groupBy("minute", "tag", "indicator").agg(*_moments())
+
+
+def indicator_windows(
+    per_second: DataFrame,
+    end_second: int | None = None,
+    partials: DataFrame | None = None,
+    first_second: int | None = None,
+) -> DataFrame:
+    """Max/avg/stddev of each indicator over the last 1/5/15 minutes ... months before ``end_second``.
+
+    Windows nest: each second is summed once, into the smallest window that
+    holds it (:func:`minute_partials`), and each window then merges its own tag
+    and every smaller one (one small aggregation): exact. ``full_history`` is
+    false for a window that reaches back before the first logged second
+    (``first_second``): its figures are those of the shorter span the logs cover.
+    """
+    parts = partials if partials is not None else minute_partials(per_second, end_second)
+    ordered = sorted(WINDOWS.items(), key=lambda item: item[1])
+    # tag -> every window at least as long
+    covers = F.lit(None).cast("array<string>")
+    for index in reversed(range(len(ordered))):
+        wider = F.array(*[F.lit(name) for name, _ in ordered[index:]])
+        covers = F.when(F.col("tag") == ordered[index][0], wider).otherwise(covers)
+    seconds = F.lit(None).cast("bigint")
+    for name, length in ordered:
+        seconds = F.when(F.col("window") == name, F.lit(length)).otherwise(seconds)
+    merged = (
+        parts.where(F.col("tag").isNotNull())
+        .select(F.explode(covers).alias("window"), "indicator", "n", "total", "squares", "peak", "low", "first")
+        .groupBy("window", "indicator")
+        .agg(*_merged())
+        .withColumn("seconds", seconds)
     )
-    full = names.join(parts, ["window", "indicator"], "left").fillna(0, subset=["n", "total", "squares"])
-    upto = Window.partitionBy("indicator").orderBy("seconds").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    merged = full.select(
-        "window",
-        "seconds",
-        "indicator",
-        F.sum("n").over(upto).alias("n"),
-        F.sum("total").over(upto).alias("total"),
-        F.sum("squares").over(upto).alias("squares"),
-        F.max("peak").over(upto).alias("peak"),
-    )
+    if first_second is None or end_second is None:
+        found = per_second.agg(F.min("second").alias("begin"), F.max("second").alias("stop"))
+        if end_second is not None:
+            found = found.withColumn("stop", F.lit(end_second))
+        if first_second is not None:
+            found = found.withColumn("begin", F.lit(first_second))
+        merged = merged.crossJoin(F.broadcast(found))
+    else:
+        merged = merged.withColumn("begin", F.lit(first_second)).withColumn("stop", F.lit(end_second))
+    reach = F.col("stop") - F.col("seconds") + 1  # the window's first second
     return (
-        _finish(merged.where(F.col("n") > 0))
-        .select("window", "seconds", "indicator", "max", "avg", "stddev", F.col("n").alias("samples"))
+        _finish(merged)
+        .select(
+            "window",
+            "seconds",
+            "indicator",
+            "max",
+            "avg",
+            "stddev",
+            F.col("n").alias("samples"),
+            (reach >= F.col("begin")).alias("full_history"),
+        )
         .orderBy("indicator", "seconds")
     )
 
 
-def indicator_history(per_second: DataFrame) -> DataFrame:
+def _merged() -> list[Column]:
+    return [
+        F.sum("n").alias("n"),
+        F.sum("total").alias("total"),
+        F.sum("squares").alias("squares"),
+        F.max("peak").alias("peak"),
+        F.min("low").alias("low"),
+        F.min("first").alias("first"),
+    ]
+
+
+def indicator_history(per_second: DataFrame, partials: DataFrame | None = None) -> DataFrame:
     """Max/avg/stddev per tumbling window of every size (epoch-aligned), for history beyond the server's memory.
 
-    Seconds are first reduced to minute aggregates; every window length is a
-    multiple of a minute, so each window is an exact merge of whole minutes.
+    Seconds are first reduced to minute aggregates (:func:`minute_partials`);
+    every window length is a multiple of a minute, so each window is an exact
+    merge of whole minutes (one aggregation).
     """
-    long = _stack(per_second, ["second"]).withColumn("minute", F.col("second") - F.col("second") % _MINUTE)
-    minutes = long.groupBy("minute", "indicator").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.sum("value").alias("total"),
-        F.sum(F.col("value") * F.col("value")).alias("squares"),
-        F.max("value").alias("peak"),
-    )
+    parts = partials if partials is not None else minute_partials(per_second)
     sizes = F.array(
         *[F.struct(F.lit(name).alias("window"), F.lit(seconds).alias("seconds")) for name, seconds in WINDOWS.items()]
     )
-    exploded = minutes.select("*", F.explode(sizes).alias("w")).select(
+    exploded = parts.select("*", F.explode(sizes).alias("w")).select(
         F.col("w.window").alias("window"),
         F.col("w.seconds").alias("seconds"),
         (F.col("minute") - F.col("minute") % F.col("w.seconds")).alias("start_second"),
@@ -217,13 +318,10 @@ def indicator_history(per_second: DataFrame) -> DataFrame:
         "total",
         "squares",
         "peak",
+        "low",
+        "first",
     )
-    grouped = exploded.groupBy("window", "seconds", "start_second", "indicator").agg(
-        F.sum("n").alias("n"),
-        F.sum("total").alias("total"),
-        F.sum("squares").alias("squares"),
-        F.max("peak").alias("peak"),
-    )
+    grouped = exploded.groupBy("window", "seconds", "start_second", "indicator").agg(*_merged())
     start = F.timestamp_seconds("start_second")
     return _finish(grouped).select(
         "window",
@@ -235,4 +333,22 @@ def indicator_history(per_second: DataFrame) -> DataFrame:
         "avg",
         "stddev",
         F.col("n").alias("samples"),
+    )
+
+
+def concurrency_from_partials(partials: DataFrame) -> DataFrame:
+    """Connected clients per minute (max, min, average), as ``sessions.concurrency`` but from the partials."""
+    start = F.timestamp_seconds("minute")
+    return (
+        partials.where(F.col("indicator") == "connected_clients")
+        .groupBy("minute")
+        .agg(*_merged())
+        .select(
+            start.alias("start"),
+            F.col("peak").alias("max"),
+            F.col("low").alias("min"),
+            (F.col("total") / F.col("n")).alias("avg"),
+            F.to_date(start).alias("date"),
+        )
+        .orderBy("start")
     )
