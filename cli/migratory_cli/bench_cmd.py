@@ -199,9 +199,12 @@ def logs_cmd(
     driver_memory: str = typer.Option("4g", help="spark.driver.memory (local mode runs in the driver)."),
     workdir: Path = typer.Option(Path("bench/work-logs"), help="Scratch folder for the logs and the report."),
     keep: bool = typer.Option(False, help="Keep the generated logs."),
+    duckdb: bool = typer.Option(
+        True, "--duckdb/--no-duckdb", help="Also time DuckDB computing the traffic and subject tables."
+    ),
     as_json: Path | None = typer.Option(None, "--json", help="Also write the measurements as JSON to this file."),
 ) -> None:
-    """Log analytics: generate SIZE of realistic logs, run the whole Spark report, print time and rows/s."""
+    """Log analytics: generate SIZE of realistic logs, run the whole Spark report (and DuckDB), print the times."""
     from migratory.config import parse_size
 
     try:
@@ -222,6 +225,7 @@ def logs_cmd(
             driver_memory=driver_memory,
             keep=keep,
             step=lambda name: progress.update(task, description=name),
+            duckdb=duckdb,
         )
     table = Table(title="migratory bench logs")
     table.add_column("measure")
@@ -230,9 +234,16 @@ def logs_cmd(
     table.add_row("input", f"{data['bytes'] / 1e6:,.0f} MB, {nodes} nodes")
     table.add_row("lines", f"{data['access_lines'] + data['message_lines'] + data['corrupt_lines']:,}")
     table.add_row("generate (s)", f"{result['generate_seconds']:,.1f}")
+    table.add_row("start Spark (s)", f"{result['spark_start_seconds']:,.1f}")
     table.add_row("analyze, whole report (s)", f"{result['analyze_seconds']:,.1f}")
+    table.add_row("start + analyze (s)", f"{result['total_seconds']:,.1f}")
     table.add_row("rows/s", f"{result['rows_per_second']:,}")
     table.add_row("MB/s", f"{result['megabytes_per_second']:,.2f}")
+    if "duckdb" in result:
+        table.add_row("DuckDB traffic + subject tables (s)", f"{result['duckdb']['seconds']:,.1f}")
+    load = result["machine"].get("load_average_before")
+    if load:
+        table.add_row("load average before (1/5/15 min)", " / ".join(f"{v:.2f}" for v in load))
     _console.print(table)
     if as_json is not None:
         as_json.parent.mkdir(parents=True, exist_ok=True)
