@@ -44,6 +44,7 @@ __all__ = [
     "Kind",
     "Proof",
     "Published",
+    "Relay",
     "SyncDone",
     "SyncRequest",
     "SyncSubject",
@@ -84,6 +85,7 @@ class Kind(enum.IntEnum):
     SYNC_DONE = 13
     ACK = 14
     CLUSTER_INFO = 15
+    RELAY = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +258,15 @@ class ClusterInfo:
     document: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """A native message POSTed for an HTTP stream held by another worker of the node."""
+
+    worker: int
+    stream: str
+    payload: bytes
+
+
 BusFrame = (
     Hello
     | Forward
@@ -272,6 +283,7 @@ BusFrame = (
     | SyncDone
     | Ack
     | ClusterInfo
+    | Relay
 )
 
 _U32 = struct.Struct("!I")
@@ -402,6 +414,8 @@ def _encode_body(frame: BusFrame) -> bytes:
         return _head(Kind.SYNC_DONE) + _Q.pack(frame.request) + _pairs(frame.epochs)
     if isinstance(frame, Ack):
         return _head(Kind.ACK) + _Q.pack(frame.epoch) + _Q.pack(frame.seq) + _s(frame.subject)
+    if isinstance(frame, Relay):
+        return _head(Kind.RELAY) + _Q.pack(frame.worker) + _s(frame.stream) + _b(frame.payload)
     return _head(Kind.CLUSTER_INFO, frame.ready) + _b(frame.document)
 
 
@@ -556,6 +570,10 @@ def decode(body: bytes) -> BusFrame:
         frame = Ack(c.text(), epoch, seq)
     elif kind == Kind.CLUSTER_INFO:
         frame = ClusterInfo(bool(flag & 1), c.raw())
+    elif kind == Kind.RELAY:
+        worker = c.u64()
+        stream = c.text()
+        frame = Relay(worker, stream, c.raw())
     else:
         raise BusError(f"unknown bus frame kind {kind}")
     c.end()

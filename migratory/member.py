@@ -48,6 +48,7 @@ from migratory.bus import (
     Heartbeat,
     Interest,
     Published,
+    Relay,
     SyncDone,
     SyncRequest,
     SyncSubject,
@@ -570,6 +571,8 @@ class Member:
             self._set_local_interest(frame.subject, worker, frame.count)
         elif isinstance(frame, SyncSubject):
             self._sync_subject(-1 - worker, frame, now)  # a worker that outlived its agent: keep what it knew
+        elif isinstance(frame, Relay):
+            self.wire.to_worker(frame.worker, frame)  # an HTTP stream's input, for the worker that holds it
 
     def _set_local_interest(self, subject: str, worker: int, count: int) -> None:
         counts = self._local.setdefault(subject, {})

@@ -35,7 +35,7 @@ def test_node_test_runner_codec_and_live(server_factory: Callable[..., ServerPro
     env = dict(os.environ, MIGRATORY_WS_URL=plain.ws_url, MIGRATORY_BASIC_URL=basic.ws_url)
     result = node("--test", "test/", env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "# fail 0" in result.stdout and "# pass 8" in result.stdout, result.stdout[-2000:]
+    assert "# fail 0" in result.stdout and "# pass 9" in result.stdout, result.stdout[-2000:]
 
 
 def test_the_same_scenario_gives_the_same_messages_in_python_and_javascript(

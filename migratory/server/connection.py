@@ -1,9 +1,12 @@
-"""One client connection: HTTP requests or a WebSocket carrying the native protocol.
+"""One client connection, the transport of a session: HTTP requests, a WebSocket, or an HTTP stream.
 
 Driven by ``asyncio.Protocol`` callbacks, with no task, reader or timer of its own
 (an idle connection is this object, its transport and a few small attributes).
 The first bytes are an HTTP request head: a WebSocket upgrade switches the
-connection to frames; anything else is served by :mod:`migratory.server.httpapi`.
+connection to frames carrying the native protocol, whose session logic lives in
+migratory/server/session.py; ``GET /stream`` switches it to HTTP streaming (the
+fallback for clients behind proxies that strip ``Upgrade``, :class:`StreamConnection`);
+anything else is served by :mod:`migratory.server.httpapi`.
 
 Output is queued with :meth:`Connection.send` (the same ``bytes`` object for every
 subscriber of a message) and written by :meth:`Connection.flush`, which the engine
@@ -14,16 +17,15 @@ calls once per loop turn or batching period. Pending output is bounded by
 from __future__ import annotations
 
 import asyncio
+import struct
 import sys
 import time
 from typing import Any, cast
 
 from migratory import protocol as p
-from migratory.entitlement import Decision
 from migratory.http import HttpError, Request, json_response, parse_request_head
-from migratory.message import Message, QoS
-from migratory.server.engine import Engine, Origin, PublishResult
-from migratory.subscriptions import SubjectSet, subject_set_items
+from migratory.server.engine import Engine, Origin
+from migratory.server.session import Session
 from migratory.websocket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -44,7 +46,7 @@ from migratory.websocket import (
     valid_key,
 )
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "StreamConnection"]
 
 _HEAD = 0
 _BODY = 1
@@ -57,7 +59,7 @@ _PIPELINE_BATCH = 64
 """Pipelined HTTP requests served per call before yielding to the event loop."""
 
 
-class Connection(asyncio.Protocol):
+class Connection(Session, asyncio.Protocol):
     """Per-connection state; ``__slots__`` keep an idle one small."""
 
     __slots__ = (
@@ -67,7 +69,6 @@ class Connection(asyncio.Protocol):
         "connected",
         "deadline",
         "engine",
-        "hello",
         "inbuf",
         "last_rx",
         "listener",
@@ -85,15 +86,12 @@ class Connection(asyncio.Protocol):
         "sid",
         "started",
         "state",
-        "subscriptions",
-        "token",
-        "token_expiry",
         "transport",
-        "version",
         "wheel_at",
     )
 
     def __init__(self, engine: Engine, listener: str, scheme: str) -> None:
+        super().__init__()
         self.engine = engine
         self.listener = listener
         self.scheme = scheme  # "ws" or "wss": the HTTP scheme is derived from it
@@ -104,12 +102,8 @@ class Connection(asyncio.Protocol):
         self.pending: bytes | list[bytes] | None = None  # bytes while one item: no list per delivery
         self.pending_bytes = 0
         self.paused = False
-        self.subscriptions: SubjectSet = ()
         self.sid = 0
-        self.token = ""
-        self.token_expiry = 0.0  # wall-clock time the entitlement token expires (0: never)
         self.connected = False
-        self.hello = False
         self.addr = ""
         self.port = 0
         self.reason = ""
@@ -123,7 +117,6 @@ class Connection(asyncio.Protocol):
         self.bytes_in = 0
         self.bytes_out = 0
         self.wheel_at = 0  # the engine's timer-wheel slot holding this connection (0: none)
-        self.version = 1  # the native protocol version the client spoke in CONNECT
 
     # --- identity ---------------------------------------------------------------------
 
@@ -345,7 +338,7 @@ class Connection(asyncio.Protocol):
         interval = config.keep_alive_interval / 1000.0
         timeout = config.keep_alive_timeout / 1000.0
         if self.token_expiry and time.time() >= self.token_expiry:
-            self._revoke_subscriptions()
+            self.revoke_subscriptions()
         if self.ping_sent and self.last_rx < self.ping_sent:
             if now - self.ping_sent >= timeout:
                 self.abort("keepalive_timeout")
@@ -362,25 +355,6 @@ class Connection(asyncio.Protocol):
         if self.token_expiry:
             next_check = min(next_check, now + max(0.0, self.token_expiry - time.time()))
         engine.schedule(self, next_check)
-
-    def _revoke_subscriptions(self) -> None:
-        """The entitlement token expired: withdraw every subscription, and say so."""
-        self.token_expiry = 0.0
-        engine = self.engine
-        for subject in subject_set_items(self.subscriptions):
-            engine.unsubscribe(self, subject)
-            engine.deny(self.origin(), "subscribe", "entitlement", "the token has expired", subject)
-            self.send(
-                build_frame(OP_BINARY, p.encode_subscribe_status(p.Status.REVOKED, subject, "the token has expired"))
-            )
-
-    def _set_token(self, token: str) -> None:
-        self.token = token
-        expiry = self.engine.entitlement.expires_at(token) if token else None
-        self.token_expiry = expiry or 0.0
-        if expiry:
-            engine = self.engine
-            engine.schedule(self, min(engine.loop.time() + max(0.0, expiry - time.time()), self.last_rx + 1.0))
 
     # --- HTTP -------------------------------------------------------------------------
 
@@ -566,7 +540,7 @@ class Connection(asyncio.Protocol):
         engine.access("connect", self)
         engine.schedule(self, self.last_rx + engine.config.keep_alive_interval / 1000.0)
         if "token" in request.query:
-            self._set_token(request.query["token"])
+            self.set_token(request.query["token"])
         rest = self.inbuf
         self.inbuf = b""
         if rest:
@@ -591,7 +565,7 @@ class Connection(asyncio.Protocol):
             opcode = frame.opcode
             if opcode == OP_BINARY:
                 self.msgs_in += 1
-                self._native(frame.payload)
+                self.native(frame.payload)
             elif opcode == OP_PING:
                 self.send(build_frame(OP_PONG, frame.payload))
             elif opcode == OP_PONG:
@@ -622,6 +596,12 @@ class Connection(asyncio.Protocol):
                 )
                 return
 
+    def fail(self, status: p.Status, reason: str, close_code: int = CLOSE_POLICY_VIOLATION) -> None:
+        """A fatal session error on a WebSocket: native ERROR, close frame, close."""
+        self.send(build_frame(OP_BINARY, p.encode_error(status, reason)))
+        self.send(build_close(close_code, reason))
+        self.close("protocol_error")
+
     def _ws_fail(
         self, code: int, reason: str, disconnect_reason: str, reason_code: str, *, notice: bool = True
     ) -> None:
@@ -636,130 +616,122 @@ class Connection(asyncio.Protocol):
         self.send(build_close(code, reason))
         self.close(disconnect_reason)
 
-    def _native(self, payload: bytes) -> None:
-        received = time.perf_counter_ns()
-        try:
-            msg = p.decode_client(payload)
-        except p.DecodeError as exc:
-            self._ws_fail(
-                CLOSE_POLICY_VIOLATION,
-                f"malformed native message: {exc}",
-                "protocol_error",
-                "malformed",
+    # --- HTTP streaming ----------------------------------------------------------------
+
+    def start_stream(self, request: Request) -> None:
+        """``GET /stream``: become an HTTP stream carrying this client's session (docs/protocol.md)."""
+        engine = self.engine
+        if not engine.ready:
+            self._http_error(
+                503,
+                "this cluster member is synchronising; try another member",
+                reason_code="not_ready",
+                request=request,
             )
             return
-        engine = self.engine
-        if isinstance(msg, p.Publish):
-            if not self.session_ready():
-                return
-            closure = msg.closure
-
-            def reply(result: PublishResult) -> None:
-                self.send(build_frame(OP_BINARY, p.encode_publish_status(result.status, closure, result.reason)))
-
-            engine.publish(
-                Message(
-                    msg.subject,
-                    msg.content,
-                    msg.fields,
-                    msg.retained,
-                    QoS.GUARANTEED if msg.guaranteed else QoS.STANDARD,
-                    msg.closure,
-                    msg.publish_id,
-                ),
-                self.origin(),
-                reply,
-                received,
-            )
-        elif isinstance(msg, p.Subscribe):
-            if not self.session_ready():
-                return
-            if msg.positions and self.version < 2:
-                self._ws_fail(
-                    CLOSE_POLICY_VIOLATION,
-                    "SUBSCRIBE with positions needs protocol version 2",
-                    "protocol_error",
-                    "malformed",
-                )
-                return
-            if engine.async_entitlement:
-                engine.in_order(self.session, self._subscribe_after_decisions(msg))
-            else:
-                for i, subject in enumerate(msg.subjects):
-                    self._subscribe_one(subject, msg.conflation_ms, position=_position(msg, i))
-        elif isinstance(msg, p.Unsubscribe):
-            if not self.session_ready():
-                return
-            if engine.async_entitlement:
-                engine.in_order(self.session, self._unsubscribe_in_order(msg.subjects))
-            else:
-                for subject in msg.subjects:
-                    engine.unsubscribe(self, subject)
-        elif isinstance(msg, p.Connect):
-            if msg.version not in p.SUPPORTED_VERSIONS:
-                spoken = " and ".join(str(v) for v in p.SUPPORTED_VERSIONS)
-                self._ws_fail(
-                    CLOSE_POLICY_VIOLATION,
-                    f"protocol version {msg.version} not supported (this server speaks {spoken})",
-                    "protocol_error",
-                    "malformed",
-                )
-                return
-            if msg.token:
-                self._set_token(msg.token)
-            self.hello = True
-            self.version = msg.version
-            connected = p.encode_connected(self.session, engine.epoch, msg.version, engine.max_message_size)
-            self.send(build_frame(OP_BINARY, connected))
-
-    def _subscribe_one(
-        self,
-        subject: str,
-        conflation_ms: int,
-        decided: Decision | bool = False,
-        position: tuple[int, int] | None = None,
-    ) -> None:
-        status, reason = self.engine.subscribe(self, subject, conflation_ms, decided)
-        self.send(build_frame(OP_BINARY, p.encode_subscribe_status(status, subject, reason)))
-        if status == p.Status.OK:
-            for frame in self.engine.initial_frames(self.version, subject, position):
-                self.send(frame)
-
-    async def _subscribe_after_decisions(self, msg: p.Subscribe) -> None:
-        """Asynchronous custom entitlement: await each decision, in order, then subscribe."""
-        engine = self.engine
-        for i, subject in enumerate(msg.subjects):
-            if not self.open:
-                return
-            decided: Decision | bool = False
-            if engine.check_subject(subject) is None:
-                decided = await engine.custom_decision("authorize_subscribe", self.origin(), subject)
-            if self.open:
-                self._subscribe_one(subject, msg.conflation_ms, decided, _position(msg, i))
-
-    async def _unsubscribe_in_order(self, subjects: tuple[str, ...]) -> None:
-        for subject in subjects:
-            self.engine.unsubscribe(self, subject)
-
-    def session_ready(self) -> bool:
-        """Requests before CONNECT are refused with NOT_CONNECTED, and the session closed."""
-        if self.hello:
-            return True
-        self.engine.deny(self.origin(), "connect", "not_connected", "CONNECT must be the first message")
-        self.send(
-            build_frame(
-                OP_BINARY,
-                p.encode_error(p.Status.NOT_CONNECTED, "CONNECT must be the first message"),
-            )
+        stream = engine.open_stream(self)
+        head = (
+            "HTTP/1.1 200 OK\r\n"
+            "Content-Type: application/octet-stream\r\n"
+            "Cache-Control: no-store\r\n"
+            "X-Accel-Buffering: no\r\n"
+            "Access-Control-Allow-Origin: *\r\n"
+            "Access-Control-Expose-Headers: X-Migratory-Stream\r\n"
+            f"X-Migratory-Stream: {stream}\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
         )
-        self.send(build_close(CLOSE_POLICY_VIOLATION, "CONNECT must be the first message"))
+        self.flush()
+        self.send(head.encode("latin-1"))
+        self.flush()
+        self.__class__ = StreamConnection  # same slots: the object stays, its transport changes
+        self.state = _WS
+        self.connected = True
+        self.inbuf = b""
+        engine.stats.connections += 1
+        engine.stats.connections_total += 1
+        self.deadline = 0.0
+        engine.access("connect", self, path="/stream")
+        engine.schedule(self, engine.loop.time() + engine.config.keep_alive_interval / 1000.0)
+        if "token" in request.query:
+            self.set_token(request.query["token"])
+
+
+_LENGTH = struct.Struct("!I")
+_KEEPALIVE = _LENGTH.pack(0)
+
+
+class StreamConnection(Connection):
+    """HTTP streaming: the session's messages as length-prefixed frames in a chunked response.
+
+    A connection becomes one by ``GET /stream`` (class assignment, same slots), so
+    WebSocket connections pay nothing for the fallback: only these convert the
+    engine's WebSocket frames (``u32`` length + the native message, one HTTP chunk per
+    flush). The client's messages arrive as ``POST /stream/<id>`` on other connections
+    (:meth:`Engine.stream_input`), possibly through another worker.
+    """
+
+    __slots__ = ()
+
+    @property
+    def protocol(self) -> str:
+        return "https-stream" if self.tls else "http-stream"
+
+    def send(self, data: bytes) -> None:
+        opcode = data[0] & 0x0F
+        if opcode != OP_BINARY:
+            if opcode == OP_PING:
+                super().send(_KEEPALIVE)
+            return  # pongs and close frames have no meaning here: the stream's end is the close
+        length = data[1] & 0x7F
+        offset = 2 if length < 126 else 4 if length == 126 else 10
+        super().send(_LENGTH.pack(len(data) - offset) + data[offset:])
+
+    def flush(self) -> None:
+        pending = self.pending
+        if pending is None or self.paused or self.transport is None:
+            return
+        body = pending if isinstance(pending, bytes) else b"".join(pending)
+        self.pending = None
+        self.bytes_out += self.pending_bytes
+        self.pending_bytes = 0
+        self.msgs_out += 1 if isinstance(pending, bytes) else len(pending)
+        self.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+
+    def data_received(self, data: bytes) -> None:
+        """Nothing may follow ``GET /stream`` on its connection (messages are POSTed)."""
+        self.last_rx = self.engine.loop.time()
+        if data.strip():
+            self.abort("protocol_error")
+
+    def fail(self, status: p.Status, reason: str, close_code: int = CLOSE_POLICY_VIOLATION) -> None:
+        self.send(build_frame(OP_BINARY, p.encode_error(status, reason)))
         self.close("protocol_error")
-        return False
 
+    def close(self, reason: str) -> None:
+        """End the stream properly (the last chunk), then close."""
+        if self.state < _CLOSING and self.transport is not None:
+            self.flush()
+            self.transport.write(b"0\r\n\r\n")
+        super().close(reason)
 
-def _position(msg: p.Subscribe, i: int) -> tuple[int, int] | None:
-    """The recovery position a version 2 client sent for its i-th subject (None: it saw nothing)."""
-    if not msg.positions:
-        return None
-    position = msg.positions[i]
-    return position if position != (0, 0) else None
+    def shutdown(self) -> None:
+        self.close("server_shutdown")
+
+    def on_timer(self, now: float) -> None:
+        """No pings to answer on a stream: a zero-length frame every KeepAliveInterval keeps proxies from cutting it."""
+        engine = self.engine
+        if self.token_expiry and time.time() >= self.token_expiry:
+            self.revoke_subscriptions()
+        self.send(build_frame(OP_PING, b""))
+        next_check = now + engine.config.keep_alive_interval / 1000.0
+        if self.token_expiry:
+            next_check = min(next_check, now + max(0.0, self.token_expiry - time.time()))
+        engine.schedule(self, next_check)
+
+    def stream_input(self, payload: bytes) -> None:
+        """One native message the client POSTed."""
+        self.last_rx = self.engine.loop.time()
+        self.msgs_in += 1
+        self.bytes_in += len(payload)
+        if self.open:
+            self.native(payload)

@@ -24,18 +24,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
+import hmac
 import inspect
 import json
 import logging
 import os
 import random
+import secrets
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from migratory.bus import BusFrame, ClusterInfo, Forward, ForwardStatus, Interest, Published, SyncSubject, owner
+from migratory.bus import BusFrame, ClusterInfo, Forward, ForwardStatus, Interest, Published, Relay, SyncSubject, owner
 from migratory.config import Config
 from migratory.conflation import ConflationBuffer, next_boundary, round_conflation
 from migratory.entitlement import AddressList, CustomEntitlement, Decision, Entitlement, build_entitlement
@@ -222,6 +225,8 @@ class Engine:
         self._closed = False
         self.on_tick: list[Callable[[], None]] = []
         self.denied_reasons: dict[str, int] = {}
+        self.streams: dict[int, Connection] = {}  # HTTP streams of this process, by connection number
+        self._stream_secret = secrets.token_bytes(16)
         self.listener_connections: dict[str, int] = {}
 
     # --- lifecycle ------------------------------------------------------------------
@@ -259,6 +264,8 @@ class Engine:
     def unregister(self, conn: Connection) -> None:
         """Forget a closed connection, its timer and its subscriptions."""
         self.connections.discard(conn)
+        if self.streams.get(conn.sid) is conn:
+            del self.streams[conn.sid]
         if conn.wheel_at:
             self._unschedule(conn)
         subjects = subject_set_items(conn.subscriptions)
@@ -284,6 +291,35 @@ class Engine:
         for writer in (self.access_log, self.message_log):
             if writer is not None:
                 writer.close()
+
+    # --- HTTP streams -----------------------------------------------------------------
+
+    def _stream_tag(self, sid: int) -> str:
+        return hmac.new(self._stream_secret, str(sid).encode(), hashlib.sha256).hexdigest()[:24]
+
+    def open_stream(self, conn: Connection) -> str:
+        """Register an HTTP stream; its id names this worker and is unguessable (it lets one act as the client)."""
+        self.streams[conn.sid] = conn
+        return f"w{self.worker}.{conn.sid}.{self._stream_tag(conn.sid)}"
+
+    def stream_input(self, stream: str, payload: bytes) -> bool:
+        """A POSTed native message for stream ``stream``: feed it here, or relay it to the worker that holds it."""
+        worker_text, _, rest = stream.partition(".")
+        sid_text, _, tag = rest.partition(".")
+        if not (worker_text.startswith("w") and worker_text[1:].isdigit() and sid_text.isdigit()):
+            return False
+        worker = int(worker_text[1:])
+        if worker != self.worker:
+            if self.bus is None or worker >= self.workers:
+                return False
+            target = self.agent if self.cluster else worker
+            return self.bus.send(target, Relay(worker, stream, payload))
+        sid = int(sid_text)
+        conn = self.streams.get(sid)
+        if conn is None or not hmac.compare_digest(tag, self._stream_tag(sid)):
+            return False
+        conn.stream_input(payload)  # type: ignore[attr-defined]
+        return True
 
     # --- output scheduling ----------------------------------------------------------
 
@@ -642,6 +678,8 @@ class Engine:
                     del self.peer_interest[frame.subject]
         elif isinstance(frame, SyncSubject):
             self._merge(frame)
+        elif isinstance(frame, Relay):
+            self.stream_input(frame.stream, frame.payload)
         elif isinstance(frame, ClusterInfo):
             self.ready = frame.ready
             try:

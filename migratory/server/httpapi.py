@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from migratory import web
 from migratory.config import parse_bool
 from migratory.entitlement import Decision
 from migratory.http import Request, json_response, response
@@ -60,6 +61,15 @@ def handle(engine: Engine, conn: Connection, request: Request, body: bytes, resp
     if not engine.ready and path in ("/publish", "/snapshot"):
         respond(request, *_error(503, "this cluster member is synchronising; try another member", keep))
         return
+    if path == "/stream" and request.method == "GET":
+        conn.start_stream(request)  # the connection becomes the client's HTTP stream
+        return
+    if path.startswith("/stream/"):
+        respond(request, *_stream_input(engine, request, path[len("/stream/") :], body, keep))
+        return
+    if path in web.PAGES and request.method in ("GET", "HEAD"):
+        respond(request, *web.page(path, request.method == "HEAD", keep))
+        return
     if path == "/publish":
         if request.method != "POST":
             respond(request, *_error(405, "use POST for /publish", keep))
@@ -77,6 +87,29 @@ def handle(engine: Engine, conn: Connection, request: Request, body: bytes, resp
     else:
         answer = _error(404, f"no such endpoint: {request.path}", keep)
     respond(request, *answer)
+
+
+CORS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+    "Access-Control-Allow-Headers": "Content-Type",
+    "Access-Control-Max-Age": "600",
+}
+
+
+def _stream_input(engine: Engine, request: Request, stream: str, body: bytes, keep: bool) -> tuple[int, bytes]:
+    """``POST /stream/<id>``: one native message of an HTTP-streaming client (docs/protocol.md)."""
+    if request.method == "OPTIONS":  # a browser's preflight before a cross-origin POST
+        return 204, response(204, b"", keep_alive=keep, extra=CORS)
+    if request.method != "POST":
+        return 405, json_response(
+            405, {"error": "POST one native message to /stream/<id>"}, keep_alive=keep, extra=CORS
+        )
+    if not body:
+        return 400, json_response(400, {"error": "the body must be one native message"}, keep_alive=keep, extra=CORS)
+    if not engine.stream_input(stream, body):
+        return 404, json_response(404, {"error": "no such stream (it ended?)"}, keep_alive=keep, extra=CORS)
+    return 204, response(204, b"", keep_alive=keep, extra=CORS)
 
 
 def _error(status: int, reason: str, keep: bool) -> tuple[int, bytes]:

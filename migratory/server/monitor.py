@@ -30,12 +30,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from migratory import metrics
+from migratory import metrics, web
 from migratory.http import HttpError, json_response, parse_request_head, response
 from migratory.logs import JsonLineWriter
 from migratory.stats import INDICATORS, NodeStats, buffer_size
 
 if TYPE_CHECKING:
+    from migratory.config import Config
     from migratory.server.engine import Engine
 
 __all__ = [
@@ -362,6 +363,24 @@ def cluster_document(engine: Engine) -> dict[str, Any]:
     }
 
 
+def dashboard(config: Config) -> bytes:
+    """The live page, told where the client listeners are and which meta-subjects to follow."""
+    listeners = [
+        {"host": "" if e.host in ("*", "0.0.0.0", "::") else e.host, "port": e.port, "tls": tls}
+        for endpoints, tls in ((config.listen, False), (config.listen_encrypted, True))
+        for e in endpoints
+    ]
+    if config.clustered:
+        subjects = [f"{META_PREFIX}member-{i + 1}" for i in range(len(config.cluster_members))]
+    else:
+        subjects = [f"{META_PREFIX}node"]
+    html = web.asset("dashboard.html").decode()
+    html = html.replace("/*LISTENERS*/[]", json.dumps(listeners)).replace("/*SUBJECTS*/[]", json.dumps(subjects))
+    return response(
+        200, html.encode(), "text/html; charset=utf-8", keep_alive=False, extra={"Cache-Control": "no-cache"}
+    )
+
+
 class MonitorConnection(asyncio.Protocol):
     """One monitoring request per connection (answered, then closed)."""
 
@@ -418,13 +437,17 @@ class MonitorConnection(asyncio.Protocol):
         elif path == "/health":
             code = 200 if self.monitor.engine.ready else 503
             self._send(json_response(code, self.monitor.engine.health(), keep_alive=False))
+        elif path == "/dashboard":
+            self._send(dashboard(self.monitor.engine.config))
+        elif path == "/migratory.js":
+            self._send(web.page("/migratory.js", keep_alive=False, table=web.DASHBOARD)[1])
         elif path == "/cluster":
             if not self.monitor.engine.cluster:
                 self._answer(404, b"this server is not a cluster member (ClusterMembers is not set)\n")
             else:
                 self._send(json_response(200, cluster_document(self.monitor.engine), keep_alive=False))
         else:
-            self._answer(404, b"try /stats, /metrics, /health or /cluster\n")
+            self._answer(404, b"try /dashboard, /stats, /metrics, /health or /cluster\n")
 
     def _answer(self, status: int, body: bytes) -> None:
         self._send(response(status, body, keep_alive=False))

@@ -70,3 +70,23 @@ test("an unreachable server is reported down and the client tries again", async 
   client.close();
   assert.ok(events.filter((e) => e.kind === EventKind.NOTIFY_SERVER_DOWN).length >= 2);
 });
+
+test("HTTP streaming carries the same session (forced), across the workers of the node", async () => {
+  const events = [];
+  const client = new MigratoryClient([URL], { transport: "http-stream", onStatus: (e) => events.push(e) });
+  await client.connect();
+  assert.equal(client.transportName, "http-stream");
+  assert.deepEqual(await client.subscribe(["/js/stream"]), { "/js/stream": Status.OK });
+  const publisher = new MigratoryClient([URL]);
+  await publisher.connect();
+  for (let i = 0; i < 20; i++) assert.equal(await publisher.publish("/js/stream", `s${i}`), Status.OK);
+  const got = [];
+  for (let i = 0; i < 20; i++) got.push((await client.nextMessage(5000)).text);
+  assert.deepEqual(got, Array.from({ length: 20 }, (_, i) => `s${i}`));
+  // and it publishes through POSTs (some land on the other worker and are relayed)
+  for (let i = 0; i < 10; i++) assert.equal(await client.publish("/js/stream", `own${i}`), Status.OK);
+  for (let i = 0; i < 10; i++) assert.equal((await client.nextMessage(5000)).text, `own${i}`);
+  assert.ok(events.some((e) => e.kind === EventKind.NOTIFY_SERVER_UP));
+  client.close();
+  publisher.close();
+});
