@@ -3,8 +3,10 @@
 # comparison (NATS and Mosquitto from Debian), nftables and iproute2 for the DMZ test,
 # openssl for the TLS test; for the packaging and image tests: Debian's python3.11 (the
 # packaged venv's interpreter), debootstrap (the test chroot and the base image), rpm
-# (rpmbuild), packer, qemu (qemu-img, the boot test) and extlinux (the base image's
-# boot loader). Idempotent; needs root and apt.
+# (rpmbuild, rpmsign), packer, qemu (qemu-img, the boot test) and extlinux (the base image's
+# boot loader); for the repository tests (make repo): apt-ftparchive (apt-utils), gpg,
+# createrepo_c and Debian's dnf (dnf --installroot from the yum repository). Idempotent;
+# needs root and apt.
 set -euo pipefail
 need=()
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=(nats-server)
@@ -29,6 +31,15 @@ command -v sfdisk >/dev/null 2>&1 || [ -x /usr/sbin/sfdisk ] || need+=(fdisk)
 command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
 command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || need+=(e2fsprogs)
+# headless Chromium for the browser tests (Playwright drives it; no browser download)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# Node.js for the JavaScript client's tests (node --test)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v apt-ftparchive >/dev/null 2>&1 || need+=(apt-utils)
+command -v gpg >/dev/null 2>&1 || need+=(gnupg)
+command -v gpgv >/dev/null 2>&1 || need+=(gpgv)
+command -v createrepo_c >/dev/null 2>&1 || need+=(createrepo-c)
+command -v dnf >/dev/null 2>&1 || need+=(dnf)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})" >&2
