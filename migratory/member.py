@@ -129,6 +129,7 @@ class _Unacked:
     seq: int
     frame: Published
     waiters: list[_Pending]
+    sent: float = 0.0  # when it was last sent to the other members
 
 
 def _chunks(state: SubjectSync) -> Iterable[SyncSubject]:
@@ -173,6 +174,7 @@ class Member:
         self._pending: dict[int, _Pending] = {}
         self._waiting: list[_Pending] = []  # publications with no reachable coordinator yet
         self._unacked: dict[str, deque[_Unacked]] = {}
+        self._unacked_ids: dict[str, tuple[str, int, int]] = {}  # publish id -> (subject, epoch, seq), in flight
         self._join: tuple[int, int] | None = None  # (request, peer) of the full sync in progress
         self._held: list[tuple[int, BusFrame]] = []  # live frames that arrived while joining
         self._partial: dict[tuple[int, str], list[Entry]] = {}
@@ -380,6 +382,7 @@ class Member:
             del self._unacked[ack.subject]
 
     def _release(self, item: _Unacked) -> None:
+        self._unacked_ids.pop(item.frame.publish_id, None)
         self.wire.to_workers(item.frame)
         for waiter in item.waiters:
             self._answer_numbered(waiter, item.frame)
@@ -452,6 +455,7 @@ class Member:
             # messages: they carry over into its epoch. Deliver them here; their publishers
             # hear FAILED and may retry with the same publish id (found in the caches).
             for item in self._unacked.pop(subject):
+                self._unacked_ids.pop(item.frame.publish_id, None)
                 self.wire.to_workers(item.frame)
                 for waiter in item.waiters:
                     self._answer(waiter, Status.FAILED, "the coordinator changed; retry with the same publish id")
@@ -534,6 +538,7 @@ class Member:
         """The table no longer lists us (we were cut off or hung): forget our state and rejoin."""
         self.ready = False
         self.replica = Replica(self.replica.cache_size, self.replica.cache_ttl)
+        self._unacked_ids.clear()
         for subject in list(self._unacked):
             for item in self._unacked.pop(subject):
                 for waiter in item.waiters:
@@ -641,7 +646,7 @@ class Member:
             if not any(m in self.peers for m in self.table.members if m != self.me):
                 self._answer(pending, Status.FAILED, "no other member is reachable to hold a second copy")
                 return
-            known = self.replica.find_publish(frame.publish_id)
+            known = self._unacked_ids.get(frame.publish_id) or self.replica.find_publish(frame.publish_id)
             if known is not None:
                 self._duplicate(pending, known)
                 return
@@ -659,7 +664,9 @@ class Member:
             self.wire.to_peer(member, published)
         self.counters["replicated_out"] += len(self.peers)
         if self.s.guaranteed:
-            self._unacked.setdefault(subject, deque()).append(_Unacked(entry.seq, published, [pending]))
+            self._unacked.setdefault(subject, deque()).append(_Unacked(entry.seq, published, [pending], now))
+            if entry.publish_id:  # known here until a second member holds it, whatever the cache forgets
+                self._unacked_ids[entry.publish_id] = (subject, entry.epoch, entry.seq)
         else:
             self.wire.to_workers(published)
             self._answer_numbered(pending, published)
@@ -732,8 +739,16 @@ class Member:
                 else:
                     still.append(pending)
             self._waiting = still
+        holders = [m for m in self.table.members if m != self.me and m in self.peers]
         for queue in self._unacked.values():
             for item in queue:
+                if holders and now - item.sent >= timeout:
+                    # Not confirmed yet: its first copies may have gone to members that died since,
+                    # and members that came back hold it only from their join. Send it again: a
+                    # member that has it acknowledges the duplicate.
+                    item.sent = now
+                    for member in holders:
+                        self.wire.to_peer(member, item.frame)
                 if item.waiters and now >= item.waiters[0].deadline:
                     # still cached here and released if a second member confirms it later
                     for waiter in item.waiters:

@@ -200,29 +200,32 @@ def test_guaranteed_refuses_publications_without_a_seed_majority() -> None:
 
 
 @settings(max_examples=int(os.environ.get("MIGRATORY_FAULT_EXAMPLES", "40")), deadline=None)
-@given(st.integers(0, 2**32), st.sampled_from(["kill", "partition", "restart"]))
+@given(st.integers(0, 2**32), st.sampled_from(["kill", "partition", "restart", "majority"]))
 def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, fault: str) -> None:
     partition = fault == "partition"
     rng = random.Random(seed)
-    net = started(5, guaranteed=True)
+    net = started(3 if fault == "majority" else 5, guaranteed=True)  # 3: the survivor has nobody left
     subjects = [f"/r/{i}" for i in range(6)]
     acked: dict[str, list[bytes]] = {s: [] for s in subjects}
     outstanding: list[tuple[int, str, bytes, str, int]] = []
-    victim = rng.choice([1, 2, 3, 4])
+    victim = rng.choice([1, 2, 3, 4]) if fault != "majority" else 1
+    victims = [1, 2] if fault == "majority" else [victim]  # "majority": two of the three seeds
     for n in range(60):
         subject = rng.choice(subjects)
-        publisher = rng.choice([i for i in net.members if i != victim] or [0])
+        publisher = rng.choice([i for i in net.members if i not in victims] or [0])
         pid = f"{subject}#{n}"
         outstanding.append(
             (publisher, subject, f"{n}".encode(), pid, net.publish(publisher, subject, f"{n}".encode(), pid))
         )
         if n == 25:
-            if partition:
-                net.partition(victim)
-            else:
-                net.kill(victim)
-        if n == 40 and fault == "restart":
-            net.start(victim, stagger=rng.choice([0.0, 0.2, 1.0]))
+            for index in victims:
+                if partition:
+                    net.partition(index)
+                else:
+                    net.kill(index)
+        if n == 40 and fault in ("restart", "majority"):
+            for index in victims:
+                net.start(index, stagger=rng.choice([0.0, 0.2, 1.0]))
         net.run(rng.choice([0.0, 0.1, 0.3]))
     net.run(3)
     # every publication gets an answer; publishers retry the failed ones with the same id
@@ -234,7 +237,7 @@ def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, fault:
             if status in (Status.OK, Status.NO_SUBSCRIBER):
                 acked[subject].append(content)
             else:
-                alive = [i for i in net.members if i != victim or fault == "restart"]
+                alive = [i for i in net.members if i not in victims or fault in ("restart", "majority")]
                 retry_from = publisher if publisher in alive else alive[0]
                 still.append((retry_from, subject, content, pid, net.publish(retry_from, subject, content, pid)))
         net.run(1)
@@ -246,7 +249,7 @@ def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, fault:
     net.run(3)
     owners(net)  # every group ends with exactly one working coordinator
     for index in net.members:
-        if index == victim and fault == "kill":
+        if index in victims and fault == "kill":
             continue
         for subject in subjects:
             got = contents(net, index, subject)
@@ -254,3 +257,48 @@ def test_random_faults_lose_no_acknowledged_guaranteed_message(seed: int, fault:
             assert set(acked[subject]) <= set(got), f"member {index} lost {set(acked[subject]) - set(got)}"
             seqs = [s for _, s, _ in net.workers[index].delivered.get(subject, [])]
             assert seqs == sorted(seqs)
+
+
+def test_guaranteed_a_message_whose_only_holders_died_is_confirmed_once_they_return() -> None:
+    """The coordinator numbered it, both other members died before acknowledging, then came back.
+
+    They hold it only from their join, so they must be asked again (a duplicate is acknowledged
+    too), or the subject stays blocked behind it (found by `migratory bench failover`, round 28).
+    """
+    net = started(3, guaranteed=True)
+    group = next(g for g, owner in owners(net).items() if owner == 0)
+    subject = subjects_of_group(group)[0]
+    first = net.publish(0, subject, b"only-here", "id-1")  # numbered by member 0, on its way to 1 and 2 ...
+    net.kill(1)  # ... who die before it arrives
+    net.kill(2)
+    net.run(8)
+    assert net.status(0, first) is Status.FAILED  # outcome unknown for now
+    net.start(1)
+    net.start(2)
+    net.run(8)
+    retry = net.publish(0, subject, b"only-here", "id-1")
+    net.run(5)  # like a real publisher, nothing else is published on the subject until this is answered
+    assert net.status(0, retry) in (Status.OK, Status.NO_SUBSCRIBER)
+    after = net.publish(0, subject, b"next", "id-2")
+    net.run(2)
+    assert net.status(0, after) in (Status.OK, Status.NO_SUBSCRIBER)
+    assert contents(net, 0, subject) == [b"only-here", b"next"]
+    for index in (1, 2):
+        assert contents(net, index, subject)[-1] == b"next" and b"only-here" not in contents(net, index, subject)[1:]
+
+
+def test_guaranteed_a_retry_of_a_message_in_flight_is_never_numbered_again() -> None:
+    """Even when the cache has already forgotten its publish id (a long wait for a second copy)."""
+    net = started(3, guaranteed=True)
+    group = next(g for g, owner in owners(net).items() if owner == 0)
+    subject = subjects_of_group(group)[0]
+    first = net.publish(0, subject, b"in-flight", "id-9")
+    net.queue.clear()  # its copies are lost on the way: the links stay up, nobody acknowledges
+    for member in net.members.values():
+        member.replica.expire(net.now + 1e6)  # CacheExpireTime passed
+    retry = net.publish(0, subject, b"in-flight", "id-9")
+    net.run(5)  # the coordinator sends it again; the acknowledgement answers both
+    assert net.status(0, first) in (Status.OK, Status.NO_SUBSCRIBER)
+    assert net.status(0, retry) in (Status.OK, Status.NO_SUBSCRIBER)
+    for index in range(3):
+        assert contents(net, index, subject) == [b"in-flight"], index
