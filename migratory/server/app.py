@@ -170,15 +170,12 @@ async def serve(
     for endpoint, sock, scheme in sockets:
         listener = str(endpoint)
         if scheme == "wss":
-            servers.append(
-                await loop.create_server(
-                    _factory(engine, listener, scheme),
-                    sock=sock,
-                    backlog=BACKLOG,
-                    ssl=tls,
-                    ssl_handshake_timeout=config.handshake_timeout / 1000.0,
-                )
-            )
+            # wss:// and https://: OpenSSL for the handshake, then the lean record layer (bench/tls.md)
+            from migratory.server.tlstransport import TLSServer
+
+            assert tls is not None
+            tls_server = TLSServer(tls, _factory(engine, listener, scheme), config.handshake_timeout / 1000.0, loop)
+            servers.append(await loop.create_server(tls_server, sock=sock, backlog=BACKLOG))
         elif scheme == "monitor":
             servers.append(await loop.create_server(lambda: MonitorConnection(monitor), sock=sock, backlog=BACKLOG))
         elif scheme == "monitor-tls":

@@ -1,0 +1,771 @@
+"""A lean TLS server transport: OpenSSL for the handshake, then a small TLS 1.3 record layer.
+
+Why not ``loop.create_server(ssl=...)``: measured with 2,000 idle ``wss://``
+connections (bench/tls.md), uvloop's ``SSLProtocol`` costs about 44 KB per idle
+connection more than ``ws://``. The event loop's TLS transport holds a 256 KB
+read buffer per connection (a lazily touched ``bytearray``: a few pages of it
+stay resident) beside OpenSSL's ``SSL`` object. The ``SSL`` object itself is the
+floor of anything that keeps OpenSSL on an established connection: with
+``SSL_MODE_RELEASE_BUFFERS`` (CPython already sets it on every context: no
+record buffers stay while idle), an OpenSSL 3.0 ``SSL`` with its two memory
+BIOs still takes about 17 KB after a TLS 1.3 handshake (9 KB before any byte:
+the structure, its record-layer arrays, copies of the context's certificate
+and cipher lists), and the OpenSSL 4 inside ``cryptography`` takes more.
+Neither fits in the 6 KB per idle connection that issue 19 asks for.
+
+So this transport keeps OpenSSL only while it is needed:
+
+* **Handshake**: a plain TCP protocol feeds an ``SSLObject`` made by
+  :meth:`ssl.SSLContext.wrap_bio` over two :class:`ssl.MemoryBIO`. Every TLS
+  feature stays OpenSSL's, from the same ``SSLContext``: certificate chain (and
+  its reload on SIGHUP into that context), ``TLSMinVersion``, ``TLSCiphers``,
+  ALPN, session tickets, alerts. ``HandshakeTimeout`` runs from the TCP
+  connection until the handshake ends. The application protocol
+  (:class:`migratory.server.connection.Connection`) sees ``connection_made``
+  only after it.
+* **Established TLS 1.3** (``TLS_AES_128_GCM_SHA256``, ``TLS_AES_256_GCM_SHA384``,
+  ``TLS_CHACHA20_POLY1305_SHA256``): the ``SSL`` object and its BIOs are freed;
+  the connection keeps the two traffic secrets and two sequence numbers, and
+  this module runs the record protocol of RFC 8446 section 5 (nonce = IV xor
+  sequence number, inner content type, padding, 2^14-byte records, alerts,
+  ``KeyUpdate`` both ways, a key update of our own well before the AES-GCM
+  limit of section 5.5). The AEAD itself is ``cryptography``'s (OpenSSL's
+  EVP code). A cipher object (about 2.3 KB) exists only while the connection is
+  active: a sweep every :data:`SWEEP_SECONDS` drops those unused since the
+  previous sweep, as ``SSL_MODE_RELEASE_BUFFERS`` drops idle record buffers. An
+  idle connection is then this object (one slotted instance), two secrets of
+  32 or 48 bytes and the TCP transport.
+* **Anything else** (TLS 1.2, another TLS 1.3 suite, secrets that could not be
+  obtained): the ``SSLObject`` stays and carries the records, as the event loop's
+  transport would, without its 256 KB buffer.
+
+**How the secrets are obtained.** OpenSSL hands each traffic secret of a
+handshake to the context's *keylog callback* (``SSL_CTX_set_keylog_callback``,
+the hook behind ``SSLKEYLOGFILE``). CPython exposes only a file for it, so
+:func:`enable` sets the callback on the context's ``SSL_CTX`` through ctypes,
+resolving libssl's symbols through the ``_ssl`` extension itself (so the very
+library it is linked with). The ``SSL_CTX`` pointer is read from the
+``_ssl._SSLContext`` object (right after its object header, CPython's layout
+since 3.7) and is trusted only after checking it: ``SSL_CTX_get_options`` and
+``SSL_CTX_get_verify_mode`` through libssl must equal ``context.options`` and
+``context.verify_mode``. On any other interpreter, layout or library, or if a
+check fails, :func:`enable` returns False and every connection takes the third
+path above: correct, just heavier. The secrets are only ever held by the
+connection they belong to, as OpenSSL would hold them; nothing is written
+anywhere. The callback runs inside ``do_handshake`` on the event loop's thread,
+which names the connection being handshaken (``_Capture.target``).
+
+The sequence number of the server's first application record is not guessed:
+the records OpenSSL writes in the call that completes the handshake (its
+``NewSessionTicket`` messages) are decrypted with the server secret, and only if
+each is a handshake message at the expected sequence number does the transport
+take over; otherwise it falls back to the ``SSLObject``. With ``read_ahead``
+off (CPython's default) OpenSSL has read no record past the client's
+``Finished``, so whatever is left in the incoming BIO is application data at
+client sequence number 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import hmac
+import logging
+import ssl
+import struct
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+
+__all__ = ["SWEEP_SECONDS", "TLSServer", "TLSTransport", "enable"]
+
+log = logging.getLogger("migratory.server.tls")
+
+SWEEP_SECONDS = 2.0
+"""Cipher objects unused for between one and two sweeps are dropped (idle connections hold none)."""
+
+KEY_UPDATE_AFTER = 1 << 24
+"""Records sent under one key before we update it (RFC 8446 5.5 allows 2^24.5 for AES-GCM)."""
+
+MAX_CIPHERTEXT = (1 << 14) + 256
+MAX_PLAINTEXT = 1 << 14
+_HEADER = struct.Struct("!BHH")
+_APPLICATION_DATA = 23
+_ALERT = 21
+_HANDSHAKE = 22
+_KEY_UPDATE = 24
+
+# alert descriptions (RFC 8446 6)
+_CLOSE_NOTIFY = 0
+_UNEXPECTED_MESSAGE = 10
+_BAD_RECORD_MAC = 20
+_RECORD_OVERFLOW = 22
+_DECODE_ERROR = 50
+_ILLEGAL_PARAMETER = 47
+_USER_CANCELED = 90
+
+# transport states
+_HANDSHAKING = 0
+_RECORDS = 1  # TLS 1.3 records by this module
+_OPENSSL = 2  # records by the SSLObject
+_CLOSING = 3
+_CLOSED = 4
+
+Aead = AESGCM | ChaCha20Poly1305
+
+
+class _Suite:
+    """A TLS 1.3 cipher suite this module can carry: its AEAD, key length and hash."""
+
+    __slots__ = ("aead", "hash", "hash_len", "key_len")
+
+    def __init__(self, aead: type[AESGCM] | type[ChaCha20Poly1305], key_len: int, hash_name: str) -> None:
+        self.aead = aead
+        self.key_len = key_len
+        self.hash = hash_name
+        self.hash_len = 48 if hash_name == "sha384" else 32
+
+    def cipher(self, secret: bytes) -> tuple[Aead, int]:
+        """The AEAD and the IV (as an integer) of a traffic secret."""
+        key = expand_label(secret, b"key", self.key_len, self.hash)
+        iv = expand_label(secret, b"iv", 12, self.hash)
+        return self.aead(key), int.from_bytes(iv, "big")
+
+    def next_secret(self, secret: bytes) -> bytes:
+        """The traffic secret after a KeyUpdate (RFC 8446 7.2)."""
+        return expand_label(secret, b"traffic upd", self.hash_len, self.hash)
+
+
+SUITES = {
+    "TLS_AES_128_GCM_SHA256": _Suite(AESGCM, 16, "sha256"),
+    "TLS_AES_256_GCM_SHA384": _Suite(AESGCM, 32, "sha384"),
+    "TLS_CHACHA20_POLY1305_SHA256": _Suite(ChaCha20Poly1305, 32, "sha256"),
+}
+
+
+def expand_label(secret: bytes, label: bytes, length: int, hash_name: str) -> bytes:
+    """HKDF-Expand-Label(secret, label, "", length) of RFC 8446 7.1."""
+    full = b"tls13 " + label
+    info = length.to_bytes(2, "big") + bytes((len(full),)) + full + b"\x00"
+    out = b""
+    block = b""
+    counter = 1
+    while len(out) < length:
+        block = hmac.digest(secret, block + info + bytes((counter,)), hash_name)
+        out += block
+        counter += 1
+    return out[:length]
+
+
+# --- the secrets, from OpenSSL's keylog callback ---------------------------------------
+
+
+class _Capture:
+    """Where the keylog callback puts the secrets: the connection now in ``do_handshake``."""
+
+    target: TLSTransport | None = None
+
+
+_KEYLOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+
+
+def _on_keylog(_ssl: int | None, line: bytes | None) -> None:
+    target = _Capture.target
+    if target is None or not line:
+        return
+    label, _, rest = line.partition(b" ")
+    if label == b"SERVER_TRAFFIC_SECRET_0":
+        target._wsecret = bytes.fromhex(rest.rpartition(b" ")[2].decode("ascii"))
+    elif label == b"CLIENT_TRAFFIC_SECRET_0":
+        target._rsecret = bytes.fromhex(rest.rpartition(b" ")[2].decode("ascii"))
+
+
+_callback = _KEYLOG_CALLBACK(_on_keylog)  # kept alive for as long as the process
+_enabled: dict[int, ssl.SSLContext] = {}
+
+
+def _libssl() -> ctypes.CDLL | None:
+    """libssl as the ``_ssl`` extension sees it (its own dependency, not some other copy)."""
+    try:
+        import _ssl
+
+        lib = ctypes.CDLL(_ssl.__file__)
+        lib.SSL_CTX_get_options.restype = ctypes.c_uint64
+        lib.SSL_CTX_get_options.argtypes = [ctypes.c_void_p]
+        lib.SSL_CTX_get_verify_mode.restype = ctypes.c_int
+        lib.SSL_CTX_get_verify_mode.argtypes = [ctypes.c_void_p]
+        lib.SSL_CTX_set_keylog_callback.restype = None
+        lib.SSL_CTX_set_keylog_callback.argtypes = [ctypes.c_void_p, _KEYLOG_CALLBACK]
+    except (ImportError, OSError, AttributeError):
+        return None
+    return lib
+
+
+def ssl_ctx_pointer(context: ssl.SSLContext, lib: ctypes.CDLL) -> int | None:
+    """The context's ``SSL_CTX *``, once libssl confirms it is that context's; else None."""
+    if sys.implementation.name != "cpython" or type(context).__basicsize__ < object.__basicsize__ + 8:
+        return None
+    pointer = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
+    if not pointer or pointer % 8:
+        return None
+    options = int(context.options)
+    if options == 0 or lib.SSL_CTX_get_options(pointer) != options:
+        return None
+    if lib.SSL_CTX_get_verify_mode(pointer) != int(context.verify_mode):
+        return None
+    return int(pointer)
+
+
+def enable(context: ssl.SSLContext) -> bool:
+    """Let connections of ``context`` leave OpenSSL after a TLS 1.3 handshake; False if they cannot."""
+    if id(context) in _enabled:
+        return True
+    lib = _libssl()
+    pointer = ssl_ctx_pointer(context, lib) if lib is not None else None
+    if lib is None or pointer is None:
+        log.warning("TLS: cannot reach OpenSSL's keylog hook; connections keep OpenSSL's record layer")
+        return False
+    lib.SSL_CTX_set_keylog_callback(pointer, _callback)
+    _enabled[id(context)] = context
+    return True
+
+
+# --- the server side: a factory per listener, a transport per connection ----------------
+
+
+class TLSServer:
+    """``loop.create_server(TLSServer(...), sock=...)``: a TLS transport per TCP connection."""
+
+    __slots__ = ("_active", "_sweeping", "context", "factory", "handshake_timeout", "lean", "loop")
+
+    def __init__(
+        self,
+        context: ssl.SSLContext,
+        factory: Callable[[], asyncio.Protocol],
+        handshake_timeout: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.context = context
+        self.factory = factory
+        self.handshake_timeout = handshake_timeout
+        self.loop = loop
+        self.lean = enable(context)
+        self._active: list[TLSTransport] = []  # connections holding a cipher object
+        self._sweeping: asyncio.TimerHandle | None = None
+
+    def __call__(self) -> TLSTransport:
+        return TLSTransport(self, self.factory())
+
+    def hold(self, transport: TLSTransport) -> None:
+        """``transport`` now holds a cipher object: the sweep will look at it."""
+        self._active.append(transport)
+        if self._sweeping is None:
+            self._sweeping = self.loop.call_later(SWEEP_SECONDS, self.sweep)
+
+    def sweep(self) -> None:
+        """Drop the cipher objects of connections that used none since the previous sweep."""
+        self._sweeping = None
+        keep: list[TLSTransport] = []
+        for transport in self._active:
+            if transport._hot and transport._state == _RECORDS:
+                transport._hot = False
+                keep.append(transport)
+            else:
+                transport._release()
+        self._active = keep
+        if keep:
+            self._sweeping = self.loop.call_later(SWEEP_SECONDS, self.sweep)
+
+    @property
+    def holding(self) -> int:
+        """Connections holding a cipher object now."""
+        return len(self._active)
+
+
+class TLSTransport(asyncio.Transport, asyncio.Protocol):
+    """One TLS connection: the TCP transport's protocol, and the application protocol's transport."""
+
+    __slots__ = (
+        "_dec",
+        "_enc",
+        "_held",
+        "_hot",
+        "_incoming",
+        "_made",
+        "_outgoing",
+        "_protocol",
+        "_rbuf",
+        "_riv",
+        "_rsecret",
+        "_rseq",
+        "_server",
+        "_ssl",
+        "_state",
+        "_suite",
+        "_tcp",
+        "_timer",
+        "_wiv",
+        "_wsecret",
+        "_wseq",
+    )
+
+    def __init__(self, server: TLSServer, protocol: asyncio.Protocol) -> None:
+        self._server = server
+        self._protocol = protocol
+        self._tcp: asyncio.Transport | None = None
+        self._state = _HANDSHAKING
+        self._made = False
+        self._ssl: ssl.SSLObject | None = None
+        self._incoming: ssl.MemoryBIO | None = None
+        self._outgoing: ssl.MemoryBIO | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._suite: _Suite | None = None
+        self._wsecret = b""
+        self._rsecret = b""
+        self._wseq = 0
+        self._rseq = 0
+        self._enc: Aead | None = None
+        self._dec: Aead | None = None
+        self._wiv = 0
+        self._riv = 0
+        self._rbuf = b""
+        self._hot = False
+        self._held = False
+
+    # --- what the application sees ------------------------------------------------------
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "ssl_object":
+            return self._ssl
+        if name == "sslcontext":
+            return self._server.context
+        if name == "cipher":
+            return self._ssl.cipher() if self._ssl is not None else (self._cipher_name(), "TLSv1.3", None)
+        if name == "peercert":
+            return None
+        if self._tcp is None:
+            return default
+        return self._tcp.get_extra_info(name, default)
+
+    def _cipher_name(self) -> str | None:
+        for name, suite in SUITES.items():
+            if suite is self._suite:
+                return name
+        return None
+
+    @property
+    def lean(self) -> bool:
+        """True once this module carries the records (no OpenSSL state left)."""
+        return self._state == _RECORDS or (self._state >= _CLOSING and self._suite is not None)
+
+    def is_closing(self) -> bool:
+        return self._state >= _CLOSING or self._tcp is None or self._tcp.is_closing()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        assert isinstance(protocol, asyncio.Protocol)
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol
+
+    def is_reading(self) -> bool:
+        return self._tcp is not None and self._tcp.is_reading()
+
+    def pause_reading(self) -> None:
+        if self._tcp is not None:
+            self._tcp.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._tcp is not None:
+            self._tcp.resume_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if self._tcp is not None:
+            self._tcp.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self._tcp.get_write_buffer_size() if self._tcp is not None else 0
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._tcp.get_write_buffer_limits() if self._tcp is not None else (0, 0)
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def write_eof(self) -> None:
+        raise NotImplementedError("TLS has no half-close: use close()")
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Encrypt ``data`` (one record up to 16 KB) and hand it to TCP in one write."""
+        tcp = self._tcp
+        if self._state == _RECORDS:
+            assert tcp is not None
+            if len(data) <= MAX_PLAINTEXT:
+                tcp.write(self._sealed(bytes(data) + b"\x17"))
+            else:
+                view = memoryview(data)
+                tcp.write(
+                    b"".join(
+                        self._sealed(bytes(view[i : i + MAX_PLAINTEXT]) + b"\x17")
+                        for i in range(0, len(view), MAX_PLAINTEXT)
+                    )
+                )
+        elif self._state == _OPENSSL and data:
+            assert self._ssl is not None and self._outgoing is not None and tcp is not None
+            try:
+                self._ssl.write(data)
+            except ssl.SSLError as exc:
+                self._fail(exc)
+                return
+            tcp.write(self._outgoing.read())
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(list_of_data))
+
+    def close(self) -> None:
+        """Send close_notify, then close TCP once what is queued has gone."""
+        state = self._state
+        if state >= _CLOSING or self._tcp is None:
+            return
+        self._state = _CLOSING
+        if state == _RECORDS:
+            self._tcp.write(self._seal(bytes((1, _CLOSE_NOTIFY, _ALERT))))
+        elif state == _OPENSSL and self._ssl is not None:
+            with contextlib.suppress(ssl.SSLError):
+                self._ssl.unwrap()
+            self._flush_openssl()
+        self._tcp.close()
+
+    def abort(self) -> None:
+        if self._state < _CLOSING:
+            self._state = _CLOSING
+        if self._tcp is not None:
+            self._tcp.abort()
+
+    # --- TCP protocol callbacks ---------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._tcp = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        server = self._server
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._ssl = server.context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self._timer = server.loop.call_later(server.handshake_timeout, self._handshake_timed_out)
+
+    def data_received(self, data: bytes) -> None:
+        state = self._state
+        if state == _RECORDS:
+            self._records_in(data)
+        elif state == _OPENSSL:
+            assert self._incoming is not None
+            self._incoming.write(data)
+            self._openssl_in()
+        elif state == _HANDSHAKING:
+            assert self._incoming is not None
+            self._incoming.write(data)
+            self._handshake()
+
+    def eof_received(self) -> bool | None:
+        if self._state < _CLOSING and self._made:
+            keep_open = self._protocol.eof_received()
+            if keep_open:
+                return True
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._state = _CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._ssl = self._incoming = self._outgoing = None
+        self._enc = self._dec = None
+        self._rbuf = b""
+        if self._made:
+            self._made = False
+            self._protocol.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._made:
+            self._protocol.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._made:
+            self._protocol.resume_writing()
+
+    # --- handshake ------------------------------------------------------------------------
+
+    def _handshake_timed_out(self) -> None:
+        self._timer = None
+        if self._state == _HANDSHAKING:
+            log.debug("TLS handshake not completed within HandshakeTimeout: %s", self.get_extra_info("peername"))
+            self.abort()
+
+    def _handshake(self) -> None:
+        sslobj = self._ssl
+        assert sslobj is not None and self._outgoing is not None
+        _Capture.target = self
+        try:
+            sslobj.do_handshake()
+        except ssl.SSLWantReadError:
+            self._flush_openssl()
+            return
+        except ssl.SSLError as exc:
+            self._flush_openssl()  # the alert that says why
+            log.debug("TLS handshake failed: %s", exc)
+            self._state = _CLOSING
+            if self._tcp is not None:
+                self._tcp.close()
+            return
+        finally:
+            _Capture.target = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        final = self._outgoing.read()
+        if self._take_over(sslobj, final):
+            leftover = self._incoming.read() if self._incoming is not None else b""
+            self._ssl = self._incoming = self._outgoing = None  # OpenSSL's state goes now
+            self._state = _RECORDS
+            if final:
+                self._tcp.write(final)  # type: ignore[union-attr]
+            self._made = True
+            self._protocol.connection_made(self)
+            if leftover and self._state == _RECORDS:
+                self._records_in(leftover)
+            return
+        self._wsecret = self._rsecret = b""
+        self._suite = None
+        self._state = _OPENSSL
+        if final:
+            self._tcp.write(final)  # type: ignore[union-attr]
+        self._made = True
+        self._protocol.connection_made(self)
+        if self._state == _OPENSSL:
+            self._openssl_in()
+
+    def _take_over(self, sslobj: ssl.SSLObject, final: bytes) -> bool:
+        """Whether this module can carry the records from here (and is set up to)."""
+        if not self._server.lean or sslobj.version() != "TLSv1.3" or not self._wsecret or not self._rsecret:
+            return False
+        cipher = sslobj.cipher()
+        suite = SUITES.get(cipher[0]) if cipher else None
+        if suite is None or sslobj.pending():
+            return False
+        self._suite = suite
+        # What OpenSSL wrote as it completed the handshake (its session tickets) is under the
+        # server's application key: it must decrypt at sequence numbers 0, 1, ... as handshake data.
+        enc, iv = suite.cipher(self._wsecret)
+        pos = 0
+        seq = 0
+        while pos < len(final):
+            if len(final) - pos < 5:
+                return False
+            kind, _, length = _HEADER.unpack_from(final, pos)
+            header = final[pos : pos + 5]
+            body = final[pos + 5 : pos + 5 + length]
+            pos += 5 + length
+            if kind != _APPLICATION_DATA or len(body) != length:
+                return False
+            try:
+                inner = enc.decrypt((iv ^ seq).to_bytes(12, "big"), body, header).rstrip(b"\x00")
+            except InvalidTag:
+                return False
+            if not inner or inner[-1] != _HANDSHAKE:
+                return False
+            seq += 1
+        self._wseq = seq
+        self._enc, self._wiv = enc, iv
+        self._hold()
+        return True
+
+    # --- this module's record layer (TLS 1.3) ----------------------------------------------
+
+    def _hold(self) -> None:
+        self._hot = True
+        if not self._held:
+            self._held = True
+            self._server.hold(self)
+
+    def _release(self) -> None:
+        """Idle: drop the cipher objects (the secrets stay)."""
+        self._enc = self._dec = None
+        self._held = self._hot = False
+
+    def _seal(self, inner: bytes) -> bytes:
+        """One record: ``inner`` is the plaintext followed by its content type."""
+        enc = self._enc
+        if enc is None:
+            assert self._suite is not None
+            enc, self._wiv = self._suite.cipher(self._wsecret)
+            self._enc = enc
+        if not self._hot:
+            self._hold()
+        seq = self._wseq
+        self._wseq = seq + 1
+        header = _HEADER.pack(_APPLICATION_DATA, 0x0303, len(inner) + 16)
+        return header + enc.encrypt((self._wiv ^ seq).to_bytes(12, "big"), inner, header)
+
+    def _sealed(self, inner: bytes) -> bytes:
+        """:meth:`_seal`, then a key update of our own when this key has sealed enough records."""
+        record = self._seal(inner)
+        if self._wseq >= KEY_UPDATE_AFTER:
+            record += self._update_write_key(requested=False)
+        return record
+
+    def _update_write_key(self, *, requested: bool) -> bytes:
+        """A KeyUpdate under the current key, then the next key from sequence number 0."""
+        assert self._suite is not None
+        record = self._seal(bytes((_KEY_UPDATE, 0, 0, 1, 1 if requested else 0, _HANDSHAKE)))
+        self._wsecret = self._suite.next_secret(self._wsecret)
+        self._wseq = 0
+        self._enc = None
+        return record
+
+    def _records_in(self, data: bytes) -> None:
+        buf = self._rbuf + data if self._rbuf else data
+        pos = 0
+        end = len(buf)
+        plain: list[bytes] = []
+        suite = self._suite
+        assert suite is not None
+        while end - pos >= 5:
+            kind = buf[pos]
+            length = (buf[pos + 3] << 8) | buf[pos + 4]
+            if length > MAX_CIPHERTEXT:
+                self._alert(_RECORD_OVERFLOW, plain)
+                return
+            if end - pos - 5 < length:
+                break
+            if kind != _APPLICATION_DATA:
+                self._alert(_UNEXPECTED_MESSAGE, plain)
+                return
+            header = buf[pos : pos + 5]
+            body = buf[pos + 5 : pos + 5 + length]
+            pos += 5 + length
+            dec = self._dec
+            if dec is None:
+                dec, self._riv = suite.cipher(self._rsecret)
+                self._dec = dec
+            if not self._hot:
+                self._hold()
+            seq = self._rseq
+            try:
+                inner = dec.decrypt((self._riv ^ seq).to_bytes(12, "big"), body, header)
+            except InvalidTag:
+                self._alert(_BAD_RECORD_MAC, plain)
+                return
+            self._rseq = seq + 1
+            if len(inner) > MAX_PLAINTEXT + 1:
+                self._alert(_RECORD_OVERFLOW, plain)
+                return
+            content_type = inner[-1] if inner else 0
+            if content_type == 0:
+                inner = inner.rstrip(b"\x00")
+                content_type = inner[-1] if inner else 0
+            if content_type == _APPLICATION_DATA:
+                if len(inner) > 1:
+                    plain.append(inner[:-1])
+            elif content_type == _ALERT:
+                self._deliver(plain)
+                self._alert_received(inner[:-1])
+                return
+            elif content_type == _HANDSHAKE:
+                if not self._post_handshake(inner[:-1], plain):
+                    return
+            else:
+                self._alert(_UNEXPECTED_MESSAGE, plain)
+                return
+        self._rbuf = buf[pos:] if pos < end else b""
+        self._deliver(plain)
+
+    def _deliver(self, plain: list[bytes]) -> None:
+        if plain and self._state == _RECORDS:
+            self._protocol.data_received(plain[0] if len(plain) == 1 else b"".join(plain))
+        plain.clear()
+
+    def _post_handshake(self, content: bytes, plain: list[bytes]) -> bool:
+        """A handshake record after the handshake: only KeyUpdate (alone, at the record's end) is allowed."""
+        if len(content) != 5 or content[0] != _KEY_UPDATE or content[1:4] != b"\x00\x00\x01":
+            self._alert(_UNEXPECTED_MESSAGE if content[:1] != bytes((_KEY_UPDATE,)) else _DECODE_ERROR, plain)
+            return False
+        requested = content[4]
+        if requested > 1:
+            self._alert(_ILLEGAL_PARAMETER, plain)
+            return False
+        assert self._suite is not None
+        self._rsecret = self._suite.next_secret(self._rsecret)
+        self._rseq = 0
+        self._dec = None
+        if requested and self._tcp is not None:
+            self._deliver(plain)  # what came before, under the old keys, first
+            if self._state == _RECORDS:
+                self._tcp.write(self._update_write_key(requested=False))
+        return self._state == _RECORDS
+
+    def _alert_received(self, content: bytes) -> None:
+        description = content[1] if len(content) == 2 else -1
+        if description == _USER_CANCELED:
+            return
+        if description == _CLOSE_NOTIFY:
+            keep_open = self._protocol.eof_received() if self._made and self._state == _RECORDS else None
+            if not keep_open:
+                self.close()
+            return
+        log.debug("TLS alert %d from %s", description, self.get_extra_info("peername"))
+        self.abort()
+
+    def _alert(self, description: int, plain: list[bytes]) -> None:
+        """A fatal error in the peer's records: deliver what was good, send the alert, close."""
+        self._deliver(plain)
+        if self._state != _RECORDS or self._tcp is None:
+            return
+        log.debug("TLS: sending alert %d to %s", description, self.get_extra_info("peername"))
+        self._state = _CLOSING
+        self._tcp.write(self._seal(bytes((2, description, _ALERT))))
+        self._tcp.close()
+
+    # --- OpenSSL's record layer (TLS 1.2 and the rest) --------------------------------------
+
+    def _flush_openssl(self) -> None:
+        if self._outgoing is not None and self._outgoing.pending and self._tcp is not None:
+            self._tcp.write(self._outgoing.read())
+
+    def _openssl_in(self) -> None:
+        sslobj = self._ssl
+        assert sslobj is not None
+        chunks: list[bytes] = []
+        eof = False
+        try:
+            while True:
+                chunk = sslobj.read(65536)
+                if not chunk:
+                    eof = True
+                    break
+                chunks.append(chunk)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLZeroReturnError:
+            eof = True
+        except ssl.SSLError as exc:
+            self._deliver_openssl(chunks)
+            self._fail(exc)
+            return
+        self._flush_openssl()  # a KeyUpdate answer, ...
+        self._deliver_openssl(chunks)
+        if eof and self._state == _OPENSSL:
+            keep_open = self._protocol.eof_received()
+            if not keep_open:
+                self.close()
+
+    def _deliver_openssl(self, chunks: list[bytes]) -> None:
+        if chunks and self._state == _OPENSSL:
+            self._protocol.data_received(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+
+    def _fail(self, exc: Exception) -> None:
+        log.debug("TLS error: %s", exc)
+        self._flush_openssl()
+        self.abort()
