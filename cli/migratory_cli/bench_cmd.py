@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from migratory.bench.runner import BenchConfig, Report, run
-from migratory.bench.wire import TARGETS
+from migratory.bench.wire import TARGETS, TLS_TARGETS
 
 app = typer.Typer(
     help="Benchmark kit: N clients, M subjects each, messages of size S at frequency F.", no_args_is_help=True
@@ -34,7 +34,14 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
     ("server CPU per delivery (us)", lambda r: f"{r.server_cpu_us_per_delivery:.3f}"),
     ("server RSS before / connected (MB)", lambda r: f"{r.server_rss_mb_before:.1f} / {r.server_rss_mb_connected:.1f}"),
     ("server memory per connection (B)", lambda r: f"{r.server_bytes_per_connection:,.0f}"),
+    (
+        "server PSS before / connected (MB), per connection (B)",
+        lambda r: (
+            f"{r.server_pss_mb_before:.1f} / {r.server_pss_mb_connected:.1f}, {r.server_pss_bytes_per_connection:,.0f}"
+        ),
+    ),
     ("server RSS after disconnect (MB)", lambda r: f"{r.server_rss_mb_after_disconnect:.1f}"),
+    ("load average at start (1/5/15 min)", lambda r: " / ".join(f"{v:.2f}" for v in r.load_average) or "-"),
     ("errors", lambda r: "; ".join(r.errors) or "none"),
 ]
 
@@ -126,9 +133,13 @@ def run_cmd(
     spawn: bool = typer.Option(False, help="Start the server (and its peers' servers) on a free port."),
     workers: int = typer.Option(1, help="Workers of a spawned migratory server."),
     disconnect: bool = typer.Option(False, help="Connection storm: measure memory after everyone left."),
+    idle: float = typer.Option(0.0, help="Seconds to leave the connections idle before measuring memory."),
+    ca: Path | None = typer.Option(
+        None, help="TLS targets without --spawn: the CA file the server's certificate is checked against."
+    ),
     as_json: Path | None = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
 ) -> None:
-    """Run one workload and print the report."""
+    """Run one workload and print the report (TLS targets: migratory-wss, nats-tls, mqtt-tls)."""
     config = _config(
         target=target,
         host=host,
@@ -146,7 +157,11 @@ def run_cmd(
         spawn=spawn,
         workers=workers,
         disconnect=disconnect,
+        idle_seconds=idle,
+        ca=str(ca) if ca is not None else "",
     )
+    if config.target in TLS_TARGETS and not spawn and not config.ca:
+        raise typer.BadParameter("--ca is needed for a TLS target that --spawn does not start")
     report = _run_with_progress(config)
     _console.print(_table([report]))
     if as_json is not None:
@@ -167,9 +182,14 @@ def peers_cmd(
     processes: int = typer.Option(2, help="Load-generator processes."),
     sources: str = typer.Option("127.0.0.1", help="Source addresses, e.g. 127.0.0.2-127.0.0.8."),
     workers: int = typer.Option(1, help="Workers of the migratory server."),
+    idle: float = typer.Option(0.0, help="Seconds to leave the connections idle before measuring memory."),
     as_json: Path | None = typer.Option(None, "--json", help="Write every report as a JSON list."),
 ) -> None:
-    """The same workload against each server, spawned in turn, side by side in one run."""
+    """The same workload against each server, spawned in turn, side by side in one run.
+
+    TLS: ``--targets migratory,migratory-wss,nats-tls,mqtt-tls`` (each TLS server gets a
+    certificate from a test CA made for the run, which the load generators trust).
+    """
     reports = []
     for target in [t.strip() for t in targets.split(",") if t.strip()]:
         config = _config(
@@ -184,6 +204,7 @@ def peers_cmd(
             sources=sources,
             spawn=True,
             workers=workers,
+            idle_seconds=idle,
         )
         reports.append(_run_with_progress(config))
     _console.print(_table(reports))

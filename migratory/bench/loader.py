@@ -8,17 +8,21 @@ The parent sends commands over a pipe ("stop") and receives progress:
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import socket
+import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import cast
+from typing import TypeVar, cast
 
-from migratory.bench.wire import Codec, codec_for
+from migratory.bench.wire import Codec, base_target, codec_for
 
-__all__ = ["BUCKETS", "LoaderSpec", "bucket_of", "bucket_upper_ns", "loader_main"]
+__all__ = ["BUCKETS", "LoaderSpec", "bucket_of", "bucket_upper_ns", "client_context", "loader_main", "open_client"]
+
+P = TypeVar("P", bound=asyncio.Protocol)
 
 BUCKETS = 420
 _SCALE = 20.0  # buckets per factor e: each bucket is about 5% wide
@@ -42,6 +46,38 @@ class LoaderSpec:
     source: str
     subjects: Sequence[Sequence[str]]  # one entry per client
     concurrency: int = 256
+    ca: str = ""  # a TLS target: the CA file its certificate is checked against
+
+
+@functools.lru_cache(maxsize=4)
+def client_context(ca: str) -> ssl.SSLContext:
+    """One client context per CA and process (loading the CA per connection would dominate)."""
+    return ssl.create_default_context(cafile=ca)
+
+
+async def open_client(
+    sock: socket.socket, target: str, host: str, ca: str, factory: Callable[[], P]
+) -> tuple[asyncio.Transport, P]:
+    """A connected socket to a transport: plain, or TLS checked against ``ca``.
+
+    NATS (2.9) speaks first in plain text even on a TLS port: its INFO line is read
+    before the handshake, as its clients do.
+    """
+    loop = asyncio.get_running_loop()
+    if not ca:
+        transport, protocol = await loop.create_connection(factory, sock=sock)
+        return transport, protocol
+    if base_target(target) == "nats":
+        info = b""
+        while not info.endswith(b"\r\n"):
+            chunk = await loop.sock_recv(sock, 4096)
+            if not chunk:
+                raise ConnectionError("NATS closed before its INFO line")
+            info += chunk
+    transport, protocol = await loop.create_connection(
+        factory, sock=sock, ssl=client_context(ca), server_hostname=host, ssl_handshake_timeout=60.0
+    )
+    return transport, protocol
 
 
 class _State:
@@ -101,11 +137,13 @@ async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State) -> 
         sock.setblocking(False)
         await loop.sock_connect(sock, (spec.host, spec.port))
         codec = codec_for(spec.target)
-        transport, client = await loop.create_connection(lambda: _Client(state, codec, len(subjects)), sock=sock)
+        transport, client = await open_client(
+            sock, spec.target, spec.host, spec.ca, lambda: _Client(state, codec, len(subjects))
+        )
         transport.write(codec.hello(spec.host, subjects))
         await asyncio.wait_for(client.ready, 60)
         return transport
-    except (OSError, ConnectionError, TimeoutError):
+    except (OSError, ConnectionError, TimeoutError, ssl.SSLError):
         state.errors += 1
         sock.close()
         return None

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
-from migratory.bench.loader import BUCKETS, LoaderSpec, bucket_upper_ns, loader_main
+from migratory.bench.loader import BUCKETS, LoaderSpec, bucket_upper_ns, loader_main, open_client
 from migratory.bench.servers import MultiMeter, ProcessMeter, SpawnedServer, spawn
-from migratory.bench.wire import Codec, codec_for
+from migratory.bench.wire import TLS_TARGETS, Codec, codec_for
 
 __all__ = ["BROADCAST_TARGETS", "BenchConfig", "Report", "run"]
 
@@ -43,6 +44,7 @@ class BenchConfig:
     disconnect: bool = False  # storm: disconnect everyone at the end and measure memory again
     endpoints: list[tuple[str, int]] = field(default_factory=list)  # a cluster: loader i uses endpoints[i % n]
     server_pids: list[int] = field(default_factory=list)  # a cluster: every member's supervisor
+    ca: str = ""  # a TLS target's CA file (set by --spawn, which makes a test CA)
 
 
 @dataclass
@@ -70,6 +72,10 @@ class Report:
     server_rss_mb_connected: float = 0.0
     server_rss_mb_after_disconnect: float = 0.0
     server_bytes_per_connection: float = 0.0
+    server_pss_mb_before: float = 0.0
+    server_pss_mb_connected: float = 0.0
+    server_pss_bytes_per_connection: float = 0.0
+    load_average: list[float] = field(default_factory=list)  # 1, 5, 15 minutes, when the run started
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -129,6 +135,9 @@ def run(config: BenchConfig, progress: Progress | None = None) -> Report:
         server = spawn(config.target, config.host, config.workers)
         config.port = server.port
         config.server_pid = server.proc.pid
+        config.ca = server.extra.get("ca", "")
+    if config.target in TLS_TARGETS and not config.ca:
+        raise ValueError(f"{config.target}: give the CA file that its certificate is checked against (--ca)")
     try:
         return _run(config, notify)
     finally:
@@ -140,12 +149,14 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
     report = Report(
         config.target, config.clients, config.subjects, config.subjects_per_client, config.size, config.rate
     )
+    report.load_average = [round(v, 2) for v in os.getloadavg()]
     meter: ProcessMeter | MultiMeter | None = ProcessMeter(config.server_pid) if config.server_pid else None
     if config.server_pids:
         meter = MultiMeter([ProcessMeter(pid) for pid in config.server_pids])
     if meter is not None:
         time.sleep(0.5)
         report.server_rss_mb_before = meter.rss_bytes() / 2**20
+        report.server_pss_mb_before = meter.pss_bytes() / 2**20
     context = multiprocessing.get_context("fork")
     per_process = [list(range(i, config.clients, config.processes)) for i in range(config.processes)]
     loaders = []
@@ -161,6 +172,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             port,
             config.sources[index % len(config.sources)],
             [_subjects_of(config, c) for c in members],
+            ca=config.ca,
         )
         proc = context.Process(target=loader_main, args=(spec, child), daemon=True)
         proc.start()
@@ -188,9 +200,13 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
 
     if meter is not None:
         report.server_rss_mb_connected = meter.rss_bytes() / 2**20
+        report.server_pss_mb_connected = meter.pss_bytes() / 2**20
         if report.connected:
             report.server_bytes_per_connection = round(
                 (report.server_rss_mb_connected - report.server_rss_mb_before) * 2**20 / report.connected, 1
+            )
+            report.server_pss_bytes_per_connection = round(
+                (report.server_pss_mb_connected - report.server_pss_mb_before) * 2**20 / report.connected, 1
             )
     subscribers: dict[str, int] = {}
     if config.target in BROADCAST_TARGETS:  # no subjects: every client receives every message
@@ -244,7 +260,7 @@ async def _publish(
     codec = codec_for(config.target)
     sock = socket.create_connection((config.host, config.port))
     sock.setblocking(False)
-    transport, publisher = await loop.create_connection(lambda: _Publisher(codec), sock=sock)
+    transport, publisher = await open_client(sock, config.target, config.host, config.ca, lambda: _Publisher(codec))
     transport.write(codec.hello(config.host, []))
     await asyncio.wait_for(publisher.ready, 30)
     subjects = [f"/bench/s{i}" for i in range(config.subjects)]

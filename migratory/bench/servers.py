@@ -67,6 +67,19 @@ class ProcessMeter:
                 continue
         return total
 
+    def pss_bytes(self) -> int:
+        """Proportional set size of the tree (/proc/PID/smaps_rollup): pages shared after fork count once."""
+        total = 0
+        for pid in process_tree(self.pid):
+            try:
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+            except OSError:
+                continue
+        return total
+
 
 @dataclass
 class MultiMeter:
@@ -83,6 +96,9 @@ class MultiMeter:
 
     def rss_bytes(self) -> int:
         return sum(m.rss_bytes() for m in self.meters)
+
+    def pss_bytes(self) -> int:
+        return sum(m.pss_bytes() for m in self.meters)
 
 
 @dataclass
@@ -128,32 +144,62 @@ def _wait(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float = 
     raise TimeoutError(f"server did not listen on {host}:{port}")
 
 
+def make_test_pki(folder: Path, host: str) -> tuple[Path, Path, Path]:
+    """A test CA and a server certificate for ``host`` (and localhost): (CA, certificate chain, key)."""
+    from migratory.certs import create_ca, issue_server_cert
+
+    ca_cert, ca_key = create_ca(folder / "ca", name="migratory bench test CA")
+    names = list(dict.fromkeys([host, "127.0.0.1", "localhost"]))
+    cert, key = issue_server_cert(ca_cert, ca_key, names, folder / "srv")
+    return ca_cert, cert, key
+
+
 def spawn(kind: str, host: str = "127.0.0.1", workers: int = 1, max_pending: str = "64MB") -> SpawnedServer:
-    """Start a server of ``kind`` (migratory, nats, mqtt, ws-broadcast, websockets) on a free port."""
+    """Start a server of ``kind`` (a target of migratory/bench/wire.py) on a free port.
+
+    The TLS kinds (``migratory-wss``, ``nats-tls``, ``mqtt-tls``) serve a certificate
+    from a test CA made for the run (``extra["ca"]``: the file clients trust).
+    """
     port = _free_port(host)
     folder = tempfile.mkdtemp(prefix="migratory-bench-")
     limits = _raise_nofile()
-    if kind == "migratory":
+    extra: dict[str, str] = {}
+    if kind.endswith(("-wss", "-tls")):
+        ca, cert, key = make_test_pki(Path(folder) / "pki", host)
+        extra["ca"] = str(ca)
+    if kind in ("migratory", "migratory-wss"):
         conf = Path(folder) / "migratorydata.conf"
+        listeners = f"Listen = {host}:{port}\n"
+        if kind == "migratory-wss":
+            listeners = (
+                f"Listen = {host}:{_free_port(host)}\nListenEncrypted = {host}:{port}\n"
+                f"TLSCertificate = {cert}\nTLSKey = {key}\n"
+            )
         conf.write_text(
-            f"Listen = {host}:{port}\nWorkers = {workers}\nLogFolder = {folder}/logs\nStateFolder = {folder}/state\n"
+            f"{listeners}Workers = {workers}\nLogFolder = {folder}/logs\nStateFolder = {folder}/state\n"
             f"KeepAliveInterval = 3600000\nMessageLog = false\nAccessLog = false\nMaxPendingOutput = {max_pending}\n"
         )
         cmd = [sys.executable, "-m", "migratory_cli.main", "serve", "-c", str(conf)]
-    elif kind == "nats":
+    elif kind in ("nats", "nats-tls"):
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
         conf = Path(folder) / "nats.conf"
+        tls = ""
+        if kind == "nats-tls":  # timeout: the TLS handshake's (0.5 s by default, too short for a connection storm)
+            tls = f'tls {{\n  cert_file: "{cert}"\n  key_file: "{key}"\n  timeout: 10\n}}\n'
         conf.write_text(
-            f"listen: {host}:{port}\nmax_connections: 1000000\nmax_pending: 268435456\nwrite_deadline: 60s\n"
+            f"listen: {host}:{port}\nmax_connections: 1000000\nmax_pending: 268435456\nwrite_deadline: 60s\n{tls}"
         )
         cmd = [binary, "-c", str(conf)]
-    elif kind == "mqtt":
+    elif kind in ("mqtt", "mqtt-tls"):
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         conf = Path(folder) / "mosquitto.conf"
+        tls = f"certfile {cert}\nkeyfile {key}\n" if kind == "mqtt-tls" else ""
         conf.write_text(
-            f"listener {port} {host}\nallow_anonymous true\nmax_connections -1\nmax_queued_messages 100000\n"
+            f"listener {port} {host}\n{tls}allow_anonymous true\nmax_connections -1\nmax_queued_messages 100000\n"
             "persistence false\nlog_dest none\n"
         )
+        if kind == "mqtt-tls" and os.geteuid() == 0:
+            conf.write_text(conf.read_text() + "user root\n")  # it reads the key after dropping privileges
         cmd = [binary, "-c", str(conf)]
     elif kind in ("ws-broadcast", "websockets"):
         cmd = [sys.executable, "-m", "migratory.bench.peers", kind, host, str(port)]
@@ -165,7 +211,7 @@ def spawn(kind: str, host: str = "127.0.0.1", workers: int = 1, max_pending: str
     except Exception:
         proc.kill()
         raise
-    return SpawnedServer(kind, host, port, proc, folder)
+    return SpawnedServer(kind, host, port, proc, folder, extra)
 
 
 def _raise_nofile() -> Callable[[], None]:

@@ -2,7 +2,9 @@
 
 ``migratory``: the native protocol over WebSocket; ``ws-broadcast`` and
 ``websockets``: plain WebSocket, every binary message goes to every client;
-``nats``: the NATS text protocol; ``mqtt``: MQTT 3.1.1 with QoS 0. Each codec turns
+``nats``: the NATS text protocol; ``mqtt``: MQTT 3.1.1 with QoS 0. ``migratory-wss``,
+``nats-tls`` and ``mqtt-tls`` are the same over TLS (the loaders trust the test CA
+the kit makes). Each codec turns
 subscriptions and publications into bytes and incoming bytes into message
 payloads (whose first 8 bytes are the publisher's clock, for latency).
 """
@@ -16,9 +18,18 @@ from collections.abc import Sequence
 
 from migratory import protocol as p
 
-__all__ = ["TARGETS", "Codec", "codec_for"]
+__all__ = ["TARGETS", "TLS_TARGETS", "Codec", "base_target", "codec_for"]
 
-TARGETS = ("migratory", "ws-broadcast", "websockets", "nats", "mqtt")
+TARGETS = ("migratory", "migratory-wss", "ws-broadcast", "websockets", "nats", "nats-tls", "mqtt", "mqtt-tls")
+TLS_TARGETS = ("migratory-wss", "nats-tls", "mqtt-tls")
+"""The targets reached over TLS: the server presents a certificate from the kit's test CA."""
+
+_BASES = {"migratory-wss": "migratory", "nats-tls": "nats", "mqtt-tls": "mqtt"}
+
+
+def base_target(target: str) -> str:
+    """The wire protocol of a target: ``migratory-wss`` speaks what ``migratory`` speaks, over TLS."""
+    return _BASES.get(target, target)
 
 
 def _mask(payload: bytes) -> bytes:
@@ -268,12 +279,13 @@ class MqttCodec(Codec):
 
 
 def codec_for(target: str) -> Codec:
-    if target == "migratory":
+    kind = base_target(target)
+    if kind == "migratory":
         return MigratoryCodec()
-    if target in ("ws-broadcast", "websockets"):
+    if kind in ("ws-broadcast", "websockets"):
         return BroadcastCodec()
-    if target == "nats":
+    if kind == "nats":
         return NatsCodec()
-    if target == "mqtt":
+    if kind == "mqtt":
         return MqttCodec()
     raise ValueError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
