@@ -30,9 +30,10 @@ CONF_SET = {"Listen": "127.0.0.1:8800", "PublishAllowFromAddressList": "127.0.0.
 # What the bundled file says about the values it sets (and packaging/build_packages.py keeps).
 CONF_NOTES = {
     "PublishAllowFromAddressList": "Set here: only this machine (loopback) may publish until you open it. To let "
-    "your publishers in, list their addresses or networks (PublishAllowFromAddressList = 10.0.0.0/24, 192.0.2.7), "
-    "or require a token to publish (Entitlement = Basic or JWT, docs/security.md); an empty value lets every "
-    "address that reaches a listener publish (`migratory config check` then warns).",
+    "your publishers in, add their addresses or networks (PublishAllowFromAddressList = 127.0.0.1, ::1, "
+    "10.0.0.0/24). To let publishers anywhere in with a token instead, empty the list and set Entitlement = Basic "
+    "or JWT (docs/security.md). An empty list with Entitlement = None lets every address that reaches a listener "
+    "publish (`migratory config check` warns about that).",
 }
 
 
