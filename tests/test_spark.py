@@ -410,8 +410,10 @@ def test_parse_lines_accepts_exactly_one_object_per_line(spark: SparkSession) ->
         '"text"',
     ]
     lines = spark.createDataFrame([(line,) for line in [*good, *bad, "", "  \r"]], "value STRING")
-    parsed = {r["value"]: r["bad"] for r in parse_lines(lines, ACCESS_SCHEMA).select("value", "bad").collect()}
-    assert len(parsed) == len(good) + len(bad)  # blank lines are ignored
+    result = parse_lines(lines, ACCESS_SCHEMA).select("value", "bad", "blank").collect()
+    assert sorted(r["value"] for r in result if r["blank"]) == ["", "  \r"]  # ignored, never corrupt
+    parsed = {r["value"]: r["bad"] for r in result if not r["blank"]}
+    assert len(parsed) == len(good) + len(bad)
     assert [line for line in good if parsed[line]] == []
     assert [line for line in bad if not parsed[line]] == []
 

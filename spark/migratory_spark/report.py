@@ -99,6 +99,21 @@ TABLES: dict[str, tuple[str, bool]] = {
 
 UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
+# tables whose rows are bounded by categories (windows, buckets, reasons, listeners), never by the logs
+BOUNDED = frozenset(
+    {
+        "indicator_windows",
+        "fanout_distribution",
+        "session_durations",
+        "session_duration_percentiles",
+        "disconnect_reasons",
+        "clients_per_listener",
+        "tls_share",
+        "denied_by_reason",
+        "latency_overall",
+    }
+)
+
 
 # --- values and rows -----------------------------------------------------------------------
 
@@ -314,26 +329,26 @@ class _Tables:
         self.kept: list[DataFrame] = []
         self.lock = threading.Lock()
 
-    def keep(self, frame: DataFrame, materialize: bool = True) -> DataFrame:
+    def keep(self, frame: DataFrame) -> DataFrame:
+        """Persisted; computed by the first job that reads it (jobs reading it at once share the work)."""
         frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
         with self.lock:
             self.kept.append(frame)
-        if materialize:
-            frame.count()
         return frame
 
     def write(self, name: str, frame: DataFrame, keep: bool = False) -> Table:
         partitioned = TABLES[name][1]
         path = os.path.join(self.base, name)
         if keep:
-            frame = self.keep(frame, materialize=False)
-        arrow = frame.limit(self.limit + 1).toArrow()
+            frame = self.keep(frame)
+        # a table bounded by its categories, not by the logs, is collected as it is
+        arrow = frame.toArrow() if name in BOUNDED else frame.limit(self.limit + 1).toArrow()
         if arrow.num_rows <= self.limit:
             _write_arrow(arrow, path, partitioned)
             table = Table(name, path, partitioned, arrow.num_rows, frame, arrow.to_pylist())
         else:  # big: Spark writes it where it is, in parallel
             if not keep:
-                frame = self.keep(frame, materialize=False)
+                frame = self.keep(frame)
             writer = frame.write.mode("overwrite")
             if partitioned:
                 writer = writer.partitionBy("date")
@@ -414,7 +429,11 @@ def analyze(
             lambda t: out.write("traffic_per_day", traffic.traffic_from_rates(_frame(t), "day")),
             "traffic_per_hour",
         )
-        add("partials", lambda t: out.keep(traffic.minute_partials(_frame(t), end)), "indicators_per_second")
+        add(
+            "partials",
+            lambda t: out.keep(traffic.minute_partials(_frame(t), end)),
+            "indicators_per_second",
+        )
         add(
             "indicator_windows",
             lambda t, parts: out.write(
