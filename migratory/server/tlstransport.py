@@ -215,7 +215,8 @@ def ssl_ctx_pointer(context: ssl.SSLContext, lib: ctypes.CDLL) -> int | None:
     options = int(context.options)
     if options == 0 or lib.SSL_CTX_get_options(pointer) != options:
         return None
-    if lib.SSL_CTX_get_verify_mode(pointer) != int(context.verify_mode):
+    # CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED as CPython sets them: 0, PEER, PEER | FAIL_IF_NO_PEER_CERT
+    if lib.SSL_CTX_get_verify_mode(pointer) != (0, 1, 3)[int(context.verify_mode)]:
         return None
     return int(pointer)
 
