@@ -402,19 +402,31 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Encrypt ``data`` (one record up to 16 KB) and hand it to TCP in one write."""
+        if self._state == _RECORDS and len(data) <= MAX_PLAINTEXT:
+            # the fan-out's path, inlined: one record, one TCP write
+            enc = self._enc
+            if enc is None:
+                enc = self._new_enc()
+            if not self._hot:
+                self._hold()
+            seq = self._wseq
+            self._wseq = seq + 1
+            header = _HEADER.pack(_APPLICATION_DATA, 0x0303, len(data) + 17)
+            inner = data + b"\x17" if type(data) is bytes else bytes(data) + b"\x17"
+            self._tcp.write(header + enc.encrypt((self._wiv ^ seq).to_bytes(12, "big"), inner, header))  # type: ignore[union-attr]
+            if seq + 1 >= KEY_UPDATE_AFTER:
+                self._tcp.write(self._update_write_key(requested=False))  # type: ignore[union-attr]
+            return
         tcp = self._tcp
         if self._state == _RECORDS:
             assert tcp is not None
-            if len(data) <= MAX_PLAINTEXT:
-                tcp.write(self._sealed(bytes(data) + b"\x17"))
-            else:
-                view = memoryview(data)
-                tcp.write(
-                    b"".join(
-                        self._sealed(bytes(view[i : i + MAX_PLAINTEXT]) + b"\x17")
-                        for i in range(0, len(view), MAX_PLAINTEXT)
-                    )
+            view = memoryview(data)
+            tcp.write(
+                b"".join(
+                    self._sealed(bytes(view[i : i + MAX_PLAINTEXT]) + b"\x17")
+                    for i in range(0, len(view), MAX_PLAINTEXT)
                 )
+            )
         elif self._state == _OPENSSL and data:
             assert self._ssl is not None and self._outgoing is not None and tcp is not None
             try:
@@ -596,13 +608,17 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._enc = self._dec = None
         self._held = self._hot = False
 
+    def _new_enc(self) -> Aead:
+        assert self._suite is not None
+        enc, self._wiv = self._suite.cipher(self._wsecret)
+        self._enc = enc
+        return enc
+
     def _seal(self, inner: bytes) -> bytes:
         """One record: ``inner`` is the plaintext followed by its content type."""
         enc = self._enc
         if enc is None:
-            assert self._suite is not None
-            enc, self._wiv = self._suite.cipher(self._wsecret)
-            self._enc = enc
+            enc = self._new_enc()
         if not self._hot:
             self._hold()
         seq = self._wseq
