@@ -227,15 +227,18 @@ def check(
     lines: KeyLines | None = None,
     in_use: InUse = "skip",
     skip: set[str] | None = None,
+    import_classes: bool = True,
 ) -> Report:
     """The checks of the machine for a parsed ``config`` read from ``path``: files, folders, users, ports, exposure.
 
     ``lines`` gives the line numbers (read from ``path`` when not given). ``in_use``: what a port that
     some process listens on now is: "skip" where the caller binds right after, as the server does.
+    ``import_classes``: import EntitlementCustomClass to see that it loads; the server leaves that to
+    its workers, so that the user's module is never imported in the process that forks them.
     """
     name = os.fspath(path) if path else "<config>"
     where = lines if lines is not None else KeyLines.of_file(name) if path else KeyLines()
-    checker = _Checker(config, where, skip or set())
+    checker = _Checker(config, where, skip or set(), import_classes)
     checker.run(in_use)
     return Report(name, config, checker.findings)
 
@@ -254,10 +257,11 @@ class _User:
 
 
 class _Checker:
-    def __init__(self, config: Config, lines: KeyLines, skip: set[str]) -> None:
+    def __init__(self, config: Config, lines: KeyLines, skip: set[str], import_classes: bool) -> None:
         self.config = config
         self.lines = lines
         self.skip = skip
+        self.import_classes = import_classes
         self.findings: list[Finding] = []
 
     def error(self, key_name: str, what: str, *related: str) -> None:
@@ -442,7 +446,7 @@ class _Checker:
                 self.error("EntitlementJwtPublicKey", f"{path} cannot be read: {exc.strerror or exc}")
             except (ValueError, TypeError):
                 self.error("EntitlementJwtPublicKey", f"{path} is not a PEM public key")
-        if config.entitlement == "Custom" and config.entitlement_custom_class:
+        if config.entitlement == "Custom" and config.entitlement_custom_class and self.import_classes:
             try:
                 CustomEntitlement(config.entitlement_custom_class)
             except Exception as exc:  # the user's module: anything it raises is the reason

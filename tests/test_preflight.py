@@ -354,3 +354,24 @@ def test_version_and_help_texts_match_the_arguments() -> None:
     assert "FILE" in check_help and "Check FILE" in check_help
     cert = cli("cert", "check", "--help").stdout
     assert "TLSCertificate, TLSKey and TLSKeyPassword" in cert
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_tiers(tmp_path: Path) -> None:
+    """`make run` installs the server only; `make check` leaves out the VM, Spark, packaging and cluster tiers."""
+
+    def recipe(target: str) -> str:
+        done = subprocess.run(
+            ["make", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    run = recipe("run")
+    assert "pip install -q -e .\n" in run and "[dev" not in run and "spark" not in run
+    check = recipe("check")
+    assert "'.[dev,spark]'" in check and "ruff check" in check and "mypy" in check
+    assert '-m "not slow and not packaging and not image and not spark"' in check
+    assert "--ignore=tests/test_packaging.py" in check and "--ignore=tests/test_spark.py" in check
+    test = recipe("test")
+    assert "bash .ci/deps.sh" in test and "pytest -q\n" in test  # everything, the README's one command
