@@ -219,7 +219,9 @@ class MigratoryClient:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="migratory-client")
         connected = asyncio.ensure_future(self._connected.wait())
-        done, _ = await asyncio.wait({connected, self._task}, timeout=timeout or self.request_timeout)
+        done, _ = await asyncio.wait(
+            {connected, self._task}, timeout=timeout or self.request_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
         if connected in done:
             return
         connected.cancel()

@@ -180,6 +180,7 @@ class Member:
         self._partial: dict[tuple[int, str], list[Entry]] = {}
         self._local: dict[str, dict[int, int]] = {}  # subject -> worker -> subscribers
         self._totals: dict[str, int] = {}
+        self._interest_dirty: set[str] = set()
         self._remote: dict[str, dict[int, int]] = {}  # subject -> member -> subscribers
         self._last_beat = -1e9
         self.counters: dict[str, int] = dict.fromkeys(
@@ -593,8 +594,14 @@ class Member:
                 self._totals[subject] = total
             else:
                 self._totals.pop(subject, None)
+            self._interest_dirty.add(subject)  # sent to the peers at the next tick, once however often it changed
+
+    def _flush_interest(self) -> None:
+        dirty, self._interest_dirty = self._interest_dirty, set()
+        for subject in dirty:
+            frame = Interest(subject, self._totals.get(subject, 0))
             for member in self.peers:
-                self.wire.to_peer(member, Interest(subject, total))
+                self.wire.to_peer(member, frame)
 
     def recipients(self, subject: str) -> int:
         remote = self._remote.get(subject)
@@ -703,6 +710,8 @@ class Member:
 
     def tick(self, now: float) -> None:
         """Heartbeats, failure detection, time-outs, cache expiry, and starting alone."""
+        if self._interest_dirty:
+            self._flush_interest()
         interval = self.s.heartbeat_interval
         if now - self._last_beat >= interval:
             self._last_beat = now

@@ -226,3 +226,17 @@ def test_an_oversized_websocket_publish_is_answered_too_large_at_once(
             assert await client.publish("/big/x", b"fits") is Status.NO_SUBSCRIBER
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_connect_returns_as_soon_as_the_server_accepted(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory()
+
+    async def scenario() -> float:
+        client = MigratoryClient([server.ws_url], request_timeout=30)
+        started = time.monotonic()
+        await client.connect()
+        elapsed = time.monotonic() - started
+        await client.close()
+        return elapsed
+
+    assert asyncio.run(scenario()) < 15  # not the whole request_timeout

@@ -225,6 +225,7 @@ class Engine:
         self._closed = False
         self.on_tick: list[Callable[[], None]] = []
         self.denied_reasons: dict[str, int] = {}
+        self._interest_dirty: set[str] = set()
         self.streams: dict[int, Connection] = {}  # HTTP streams of this process, by connection number
         self._stream_secret = secrets.token_bytes(16)
         self.listener_connections: dict[str, int] = {}
@@ -724,8 +725,18 @@ class Engine:
             self.ready = False  # no cluster behind us until the agent is back and synchronised
 
     def _interest_changed(self, subject: str) -> None:
+        """Subscriber counts go to the peers once per loop turn, whatever the number of (un)subscriptions."""
+        if self.bus is None:
+            return
+        if not self._interest_dirty:
+            self.loop.call_soon(self._flush_interest)
+        self._interest_dirty.add(subject)
+
+    def _flush_interest(self) -> None:
+        dirty, self._interest_dirty = self._interest_dirty, set()
         if self.bus is not None:
-            self.bus.broadcast(Interest(subject, self.index.count(subject)))
+            for subject in dirty:
+                self.bus.broadcast(Interest(subject, self.index.count(subject)))
 
     def _expire_forwards(self, now: float) -> None:
         for request, (reply, deadline) in list(self._forwards.items()):
