@@ -8,21 +8,18 @@ what differs, and ``status`` shows a running cluster as one member's monitor see
 from __future__ import annotations
 
 import base64
-import json
 import secrets
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
 from migratory.config import DeliveryMode, Endpoint, parse_endpoints
 from migratory_cli.config_cmds import load_or_exit
+from migratory_cli.status_cmd import fetch
+from migratory_cli.status_cmd import show as show_document
 
 app = typer.Typer(
     help="Cluster commands: write member configurations, compare them, watch a cluster.", no_args_is_help=True
@@ -157,19 +154,6 @@ def check_cmd(files: list[Path] = typer.Argument(..., help="The members' migrato
     )
 
 
-def fetch_cluster(url: str, user: str = "", password: str = "", timeout: float = 5.0) -> dict[str, Any]:
-    """GET the monitor's /cluster document."""
-    target = url.rstrip("/")
-    if not target.startswith(("http://", "https://")):
-        raise ValueError(f"{url}: expected the monitor's http:// or https:// URL")
-    request = urllib.request.Request(target + "/cluster")
-    if user:
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
-        return dict(json.loads(answer.read()))
-
-
 def status_table(document: dict[str, Any]) -> Table:
     me = document.get("member")
     table = Table(title=f"the cluster as member {me + 1 if isinstance(me, int) else '?'} sees it")
@@ -202,39 +186,10 @@ def status_cmd(
     watch: bool = typer.Option(False, "--watch", help="Refresh every second until interrupted."),
     user: str = typer.Option("", "--user", help="MonitorHTTP.Username, when the monitor requires it."),
     password: str = typer.Option("", "--password", help="MonitorHTTP.Password."),
+    ca: Path | None = typer.Option(None, "--ca", help="CA certificate to verify an https:// monitor with."),
 ) -> None:
     """Show every member with its state, link round-trip time, groups, subjects, snapshots and clients."""
-
-    def get() -> dict[str, Any]:
-        try:
-            return fetch_cluster(url, user, password)
-        except ValueError as exc:
-            raise _fail(str(exc)) from None
-        except urllib.error.HTTPError as exc:
-            raise _fail(f"{url}: HTTP {exc.code} {exc.reason}", EXIT_UNREACHABLE) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise _fail(f"{url}: cannot reach the monitor: {reason}", EXIT_UNREACHABLE) from None
-
-    document = get()
-    if as_json and not watch:
-        typer.echo(json.dumps(document, indent=2, sort_keys=True))
-        return
-    console = Console()
-    if not watch:
-        console.print(status_table(document))
-        return
-    with Live(status_table(document), console=console, refresh_per_second=4) as live:
-        try:
-            while True:
-                time.sleep(1.0)
-                document = get()
-                if as_json:
-                    live.console.print_json(json.dumps(document))
-                else:
-                    live.update(status_table(document))
-        except KeyboardInterrupt:
-            pass
+    show_document(lambda: fetch(url, user, password, ca, "/cluster"), url, status_table, as_json, watch)
 
 
 def firewall_rules(path: Path) -> list[str]:

@@ -8,6 +8,7 @@ import ssl
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +52,56 @@ def table(document: dict[str, Any]) -> Table:
     return out
 
 
-def fetch(url: str, user: str, password: str, ca: Path | None) -> dict[str, Any]:
+def fetch(url: str, user: str, password: str, ca: Path | None, path: str = "/stats") -> dict[str, Any]:
+    """GET one JSON document of the monitor (``/stats``, ``/cluster``), with Basic auth and a CA when given."""
     target = url.rstrip("/")
     if not target.startswith(("http://", "https://")):
         raise ValueError(f"{url}: expected the monitor's http:// or https:// URL (MonitorHTTP.Listen)")
-    request = urllib.request.Request(target + "/stats")
+    request = urllib.request.Request(target + path)
     if user:
         request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
     context = ssl.create_default_context(cafile=str(ca)) if ca else None
     with urllib.request.urlopen(request, timeout=5, context=context) as answer:
         return dict(json.loads(answer.read()))
+
+
+def show(
+    get: Callable[[], dict[str, Any]], url: str, render: Callable[[dict[str, Any]], Table], as_json: bool, watch: bool
+) -> None:
+    """Print a monitor document once (table or JSON) or refresh it in place; failures are one line and an exit code."""
+
+    def fetch_or_exit() -> dict[str, Any]:
+        try:
+            return get()
+        except ValueError as exc:
+            _err.print(f"error: {exc}", markup=False)
+            raise typer.Exit(EXIT_USAGE) from None
+        except urllib.error.HTTPError as exc:
+            _err.print(f"error: {url}: HTTP {exc.code} {exc.reason}", markup=False)
+            raise typer.Exit(EXIT_UNREACHABLE) from None
+        except (urllib.error.URLError, OSError) as exc:
+            _err.print(f"error: {url}: cannot reach the monitor: {getattr(exc, 'reason', exc)}", markup=False)
+            raise typer.Exit(EXIT_UNREACHABLE) from None
+
+    document = fetch_or_exit()
+    if as_json and not watch:
+        typer.echo(json.dumps(document, indent=2, sort_keys=True))
+        return
+    console = Console()
+    if not watch:
+        console.print(render(document))
+        return
+    with Live(render(document), console=console, refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(1.0)
+                document = fetch_or_exit()
+                if as_json:
+                    live.console.print_json(json.dumps(document))
+                else:
+                    live.update(render(document))
+        except KeyboardInterrupt:
+            pass
 
 
 def status(
@@ -72,32 +113,4 @@ def status(
     ca: Path | None = typer.Option(None, "--ca", help="CA certificate to verify an https:// monitor with."),
 ) -> None:
     """Show the node's seven indicators, now and over 1 minute ... 1 month (max / avg)."""
-
-    def get() -> dict[str, Any]:
-        try:
-            return fetch(url, user, password, ca)
-        except ValueError as exc:
-            _err.print(f"error: {exc}", markup=False)
-            raise typer.Exit(EXIT_USAGE) from None
-        except urllib.error.HTTPError as exc:
-            _err.print(f"error: {url}: HTTP {exc.code} {exc.reason}", markup=False)
-            raise typer.Exit(EXIT_UNREACHABLE) from None
-        except (urllib.error.URLError, OSError) as exc:
-            _err.print(f"error: {url}: cannot reach the monitor: {getattr(exc, 'reason', exc)}", markup=False)
-            raise typer.Exit(EXIT_UNREACHABLE) from None
-
-    document = get()
-    if as_json and not watch:
-        typer.echo(json.dumps(document, indent=2, sort_keys=True))
-        return
-    console = Console()
-    if not watch:
-        console.print(table(document))
-        return
-    with Live(table(document), console=console, refresh_per_second=4) as live:
-        try:
-            while True:
-                time.sleep(1.0)
-                live.update(table(get()))
-        except KeyboardInterrupt:
-            pass
+    show(lambda: fetch(url, user, password, ca), url, table, as_json, watch)
