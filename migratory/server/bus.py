@@ -56,6 +56,15 @@ def peer_uid(sock: socket.socket | None) -> int | None:
     return int(uid)
 
 
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the link tasks and wait until each has unwound (bus and member links alike)."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 class _Inbound(asyncio.Protocol):
     """Receiving side of a peer's outbound link: authenticated before anything is acted upon."""
 
@@ -205,11 +214,7 @@ class Bus:
 
     async def close(self) -> None:
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks)
         if self._server is not None:
             self._server.close()
 

@@ -492,6 +492,15 @@ class Connection(Session, asyncio.Protocol):
         )
         self.close("protocol_error" if status != 413 else "message_too_big")
 
+    def _refused_not_ready(self, request: Request) -> bool:
+        """A member still synchronising answers 503 so the client tries another (True: refused)."""
+        if self.engine.ready:
+            return False
+        self._http_error(
+            503, "this cluster member is synchronising; try another member", reason_code="not_ready", request=request
+        )
+        return True
+
     def _upgrade(self, request: Request) -> None:
         if request.method != "GET":
             self._http_error(405, "WebSocket upgrade requires GET", request=request)
@@ -499,13 +508,7 @@ class Connection(Session, asyncio.Protocol):
         if request.version != "HTTP/1.1":
             self._http_error(400, "WebSocket upgrade requires HTTP/1.1", request=request)
             return
-        if not self.engine.ready:
-            self._http_error(
-                503,
-                "this cluster member is synchronising; try another member",
-                reason_code="not_ready",
-                request=request,
-            )
+        if self._refused_not_ready(request):
             return
         if request.headers.get("sec-websocket-version") != "13":
             self._http_error(
@@ -621,13 +624,7 @@ class Connection(Session, asyncio.Protocol):
     def start_stream(self, request: Request) -> None:
         """``GET /stream``: become an HTTP stream carrying this client's session (docs/protocol.md)."""
         engine = self.engine
-        if not engine.ready:
-            self._http_error(
-                503,
-                "this cluster member is synchronising; try another member",
-                reason_code="not_ready",
-                request=request,
-            )
+        if self._refused_not_ready(request):
             return
         stream = engine.open_stream(self)
         head = (

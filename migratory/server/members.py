@@ -19,7 +19,6 @@ resynchronises when it comes back), so a hung member cannot grow our memory.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -32,6 +31,7 @@ from typing import cast
 
 from migratory import bus as b
 from migratory.config import Config, Endpoint
+from migratory.server.bus import cancel_all
 
 __all__ = ["MemberLinks", "client_context", "server_context"]
 
@@ -303,11 +303,7 @@ class MemberLinks:
 
     async def close(self) -> None:
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks)
         for link in list(self.links.values()):
             link.abort()
         if self._server is not None:
