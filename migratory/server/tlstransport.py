@@ -46,11 +46,13 @@ the hook behind ``SSLKEYLOGFILE``). CPython exposes only a file for it, so
 resolving libssl's symbols through the ``_ssl`` extension itself (so the very
 library it is linked with). The ``SSL_CTX`` pointer is read from the
 ``_ssl._SSLContext`` object (right after its object header, CPython's layout
-since 3.7) and is trusted only after checking it: ``SSL_CTX_get_options`` and
-``SSL_CTX_get_verify_mode`` through libssl must equal ``context.options`` and
-``context.verify_mode``. On any other interpreter, layout or library, or if a
-check fails, :func:`enable` returns False and every connection takes the third
-path above: correct, just heavier. The secrets are only ever held by the
+since 3.7; only tried on the CPython versions in :data:`LAYOUT_VERSIONS`, since
+checking a pointer means libssl dereferencing it) and is trusted only after
+checking it: ``SSL_CTX_get_options`` and ``SSL_CTX_get_verify_mode`` through
+libssl must equal ``context.options`` and ``context.verify_mode``, and an option
+flipped through Python (and flipped back) must show through libssl. On any other
+interpreter, version or library, or if a check fails, :func:`enable` returns
+False and every connection takes the third path above: correct, just heavier. The secrets are only ever held by the
 connection they belong to, as OpenSSL would hold them; nothing is written
 anywhere. The callback runs inside ``do_handshake`` on the event loop's thread,
 which names the connection being handshaken (``_Capture.target``).
@@ -205,18 +207,47 @@ def _libssl() -> ctypes.CDLL | None:
     return lib
 
 
+LAYOUT_VERSIONS = ((3, 8), (3, 14))
+"""CPython versions whose ``_ssl._SSLContext`` starts with ``SSL_CTX *ctx`` right after the object header.
+
+The pointer is dereferenced (by libssl) to be checked, so a layout that merely *might* match is
+not tried: a value that is not an ``SSL_CTX *`` could crash the process instead of failing the
+check. Outside this range, and on any other interpreter, :func:`enable` returns False.
+"""
+
+
+def layout_known(implementation: str | None = None, version: tuple[int, ...] | None = None) -> bool:
+    """Whether this interpreter's (or the given one's) ``_SSLContext`` layout is one :func:`ssl_ctx_pointer` knows."""
+    implementation = sys.implementation.name if implementation is None else implementation
+    major_minor = tuple(sys.version_info[:2] if version is None else version[:2])
+    return implementation == "cpython" and LAYOUT_VERSIONS[0] <= major_minor <= LAYOUT_VERSIONS[1]
+
+
 def ssl_ctx_pointer(context: ssl.SSLContext, lib: ctypes.CDLL) -> int | None:
     """The context's ``SSL_CTX *``, once libssl confirms it is that context's; else None."""
-    if sys.implementation.name != "cpython" or type(context).__basicsize__ < object.__basicsize__ + 8:
+    import _ssl
+
+    if not layout_known() or not isinstance(context, _ssl._SSLContext):
+        return None
+    if type(context).__basicsize__ < object.__basicsize__ + ctypes.sizeof(ctypes.c_void_p):
         return None
     pointer = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
-    if not pointer or pointer % 8:
+    if not pointer or pointer % ctypes.alignment(ctypes.c_void_p):
         return None
     options = int(context.options)
     if options == 0 or lib.SSL_CTX_get_options(pointer) != options:
         return None
     # CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED as CPython sets them: 0, PEER, PEER | FAIL_IF_NO_PEER_CERT
     if lib.SSL_CTX_get_verify_mode(pointer) != (0, 1, 3)[int(context.verify_mode)]:
+        return None
+    # and libssl sees a change made through this very object (then the change is undone)
+    probe = ssl.OP_NO_RENEGOTIATION if not options & ssl.OP_NO_RENEGOTIATION else ssl.OP_NO_COMPRESSION
+    try:
+        context.options ^= probe
+        followed = lib.SSL_CTX_get_options(pointer) == int(context.options)
+    finally:
+        context.options ^= probe
+    if not followed or lib.SSL_CTX_get_options(pointer) != options:
         return None
     return int(pointer)
 
@@ -402,7 +433,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Encrypt ``data`` (one record up to 16 KB) and hand it to TCP in one write."""
-        if self._state == _RECORDS and len(data) <= MAX_PLAINTEXT:
+        if self._state == _RECORDS and 0 < len(data) <= MAX_PLAINTEXT:
             # the fan-out's path, inlined: one record, one TCP write
             enc = self._enc
             if enc is None:
@@ -643,7 +674,10 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         return record
 
     def _records_in(self, data: bytes) -> None:
+        if not self._rsecret:  # the peer's close_notify came: whatever follows is ignored (RFC 8446 6.1)
+            return
         buf = self._rbuf + data if self._rbuf else data
+        self._rbuf = b""  # what is left is kept only if all went well (not after an alert)
         pos = 0
         end = len(buf)
         plain: list[bytes] = []
@@ -728,6 +762,8 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         if description == _USER_CANCELED:
             return
         if description == _CLOSE_NOTIFY:
+            self._rsecret = self._rbuf = b""  # nothing more is read on this connection
+            self._dec = None
             keep_open = self._protocol.eof_received() if self._made and self._state == _RECORDS else None
             if not keep_open:
                 self.close()
