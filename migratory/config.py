@@ -462,6 +462,15 @@ class Config:
         _parse_text,
         "OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites are OpenSSL's own).",
     )
+    tls_lean_transport: bool = key(
+        "TLSLeanTransport",
+        True,
+        parse_bool,
+        "After a TLS 1.3 handshake, carry the records with the server's own record layer, which keeps "
+        "no OpenSSL state per connection (bench/tls.md). false: OpenSSL carries them for the whole "
+        "connection and its keylog hook is never set; certificate reload on SIGHUP, TLSMinVersion, "
+        "TLSCiphers and HandshakeTimeout work the same.",
+    )
     monitor_listen: tuple[Endpoint, ...] = key(
         "MonitorHTTP.Listen",
         (),

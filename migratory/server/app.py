@@ -174,7 +174,13 @@ async def serve(
             from migratory.server.tlstransport import TLSServer
 
             assert tls is not None
-            tls_server = TLSServer(tls, _factory(engine, listener, scheme), config.handshake_timeout / 1000.0, loop)
+            tls_server = TLSServer(
+                tls,
+                _factory(engine, listener, scheme),
+                config.handshake_timeout / 1000.0,
+                loop,
+                lean=config.tls_lean_transport,
+            )
             servers.append(await loop.create_server(tls_server, sock=sock, backlog=BACKLOG))
         elif scheme == "monitor":
             servers.append(await loop.create_server(lambda: MonitorConnection(monitor), sock=sock, backlog=BACKLOG))

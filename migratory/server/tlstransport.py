@@ -52,7 +52,8 @@ checking it: ``SSL_CTX_get_options`` and ``SSL_CTX_get_verify_mode`` through
 libssl must equal ``context.options`` and ``context.verify_mode``, and an option
 flipped through Python (and flipped back) must show through libssl. On any other
 interpreter, version or library, or if a check fails, :func:`enable` returns
-False and every connection takes the third path above: correct, just heavier. The secrets are only ever held by the
+False and every connection takes the third path above: correct, just heavier. The operator can choose that path too:
+``TLSLeanTransport = false``. The secrets are only ever held by the
 connection they belong to, as OpenSSL would hold them; nothing is written
 anywhere. The callback runs inside ``do_handshake`` on the event loop's thread,
 which names the connection being handshaken (``_Capture.target``).
@@ -280,12 +281,16 @@ class TLSServer:
         factory: Callable[[], asyncio.Protocol],
         handshake_timeout: float,
         loop: asyncio.AbstractEventLoop,
+        *,
+        lean: bool = True,
     ) -> None:
         self.context = context
         self.factory = factory
         self.handshake_timeout = handshake_timeout
         self.loop = loop
-        self.lean = enable(context)
+        # lean=False (TLSLeanTransport = false): the SSLObject carries every connection's records,
+        # and the keylog hook is not even set on the context
+        self.lean = lean and enable(context)
         self._active: list[TLSTransport] = []  # connections holding a cipher object
         self._sweeping: asyncio.TimerHandle | None = None
 
