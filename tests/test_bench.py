@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from migratory import protocol as p
 from migratory.bench.loader import bucket_of, bucket_upper_ns
 from migratory.bench.runner import BenchConfig, run
-from migratory.bench.wire import TARGETS, MqttCodec, NatsCodec
+from migratory.bench.wire import TARGETS, MqttCodec, NatsCodec, StreamCodec
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -88,3 +89,41 @@ def test_peer_codecs_parse_split_input() -> None:
     payloads, _ = mqtt.feed(publish[:4])
     payloads2, _ = mqtt.feed(publish[4:])
     assert payloads + payloads2 == [b"payl"]
+
+
+def test_http_stream_target_delivers_everything() -> None:
+    """migratory-stream: GET /stream, CONNECT and SUBSCRIBE POSTed (relayed between workers), deliveries streamed."""
+    report = run(
+        BenchConfig(
+            target="migratory-stream", clients=30, subjects=3, messages=24, burst=6, processes=2, spawn=True, workers=2
+        )
+    )
+    assert report.errors == [] and report.connected == 30
+    assert report.expected_deliveries == 24 * 10
+    assert report.delivered == report.expected_deliveries
+    paced = run(BenchConfig(target="migratory-stream", clients=20, rate=40, messages=10, spawn=True))
+    assert paced.errors == [] and paced.delivered == 10 * 20
+    assert paced.server_pss_mb_connected > 0
+
+
+def test_stream_codec_parses_split_chunks() -> None:
+    codec = StreamCodec()
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Migratory-Stream: w0.7.abc\r\n\r\n"
+    frames = [
+        p.encode_subscribe_status(p.Status.OK, "/a"),
+        b"",  # a keep-alive
+        p.encode_delivery("/a", b"old", {}, 1, 1, snapshot=True),
+        p.encode_delivery("/a", b"new-one", {}, 2, 1),
+        p.encode_delivery("/a", b"new-two", {}, 3, 1),
+    ]
+    body = b"".join(len(f).to_bytes(4, "big") + f for f in frames)
+    wire = head + b"%x\r\n%b\r\n" % (7, body[:7]) + b"%x\r\n%b\r\n" % (len(body) - 7, body[7:])
+    got: list[bytes] = []
+    for i in range(len(wire)):
+        payloads, answer = codec.feed(wire[i : i + 1])
+        got += payloads
+        assert answer == b""
+    assert got == [b"new-one", b"new-two"] and codec.stream_id == "w0.7.abc" and codec.is_ready(1)
+    requests, count = codec.posts("127.0.0.1", ["/a", "/b"])
+    assert count == 2 and requests.count(b"POST /stream/w0.7.abc HTTP/1.1") == 2
+    assert requests.count(b"Connection: close") == 1

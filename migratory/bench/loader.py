@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TypeVar, cast
 
-from migratory.bench.wire import Codec, base_target, codec_for
+from migratory.bench.wire import Codec, StreamCodec, base_target, codec_for
 
 __all__ = ["BUCKETS", "LoaderSpec", "bucket_of", "bucket_upper_ns", "client_context", "loader_main", "open_client"]
 
@@ -96,6 +96,7 @@ class _Client(asyncio.Protocol):
         self.want = want
         self.transport: asyncio.Transport | None = None
         self.ready = asyncio.get_running_loop().create_future()
+        self.opened = asyncio.get_running_loop().create_future()  # migratory-stream: the response head came
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -120,12 +121,42 @@ class _Client(asyncio.Protocol):
                 histogram[bucket_of(latency)] += 1
                 if latency > state.max_ns:
                     state.max_ns = latency
+        if not self.opened.done() and self.codec.ready:
+            self.opened.set_result(None)
         if not self.ready.done() and self.codec.is_ready(self.want):
             self.ready.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.ready.done():
-            self.ready.set_exception(ConnectionError(f"connection lost: {exc}"))
+        for future in (self.opened, self.ready):
+            if not future.done():
+                future.set_exception(ConnectionError(f"connection lost: {exc}"))
+
+
+async def _post(spec: LoaderSpec, requests: bytes, count: int) -> None:
+    """``migratory-stream``: the client's messages as pipelined ``POST /stream/<id>`` on a short connection.
+
+    A browser's ``fetch`` reuses a pooled connection instead; here each client's
+    CONNECT and SUBSCRIBE go on one connection that closes once answered, so that
+    only the streams stay open while memory is measured.
+    """
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind((spec.source, 0))
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (spec.host, spec.port))
+        await loop.sock_sendall(sock, requests)
+        answer = b""
+        while True:
+            chunk = await loop.sock_recv(sock, 65536)
+            if not chunk:
+                break
+            answer += chunk
+    finally:
+        sock.close()
+    if answer.count(b"HTTP/1.1 204") != count:
+        raise ConnectionError(f"POST /stream refused: {answer[:60]!r}")
 
 
 async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State) -> asyncio.Transport | None:
@@ -141,6 +172,9 @@ async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State) -> 
             sock, spec.target, spec.host, spec.ca, lambda: _Client(state, codec, len(subjects))
         )
         transport.write(codec.hello(spec.host, subjects))
+        if isinstance(codec, StreamCodec):
+            await asyncio.wait_for(client.opened, 60)
+            await asyncio.wait_for(_post(spec, *codec.posts(spec.host, subjects)), 60)
         await asyncio.wait_for(client.ready, 60)
         return transport
     except (OSError, ConnectionError, TimeoutError, ssl.SSLError):

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from migratory.bench.loader import BUCKETS, LoaderSpec, bucket_upper_ns, loader_main, open_client
 from migratory.bench.servers import MultiMeter, ProcessMeter, SpawnedServer, spawn
-from migratory.bench.wire import TLS_TARGETS, Codec, codec_for
+from migratory.bench.wire import TLS_TARGETS, Codec, base_target, codec_for
 
 __all__ = ["BROADCAST_TARGETS", "BenchConfig", "Report", "run"]
 
@@ -257,7 +257,7 @@ async def _publish(
     config: BenchConfig, report: Report, subscribers: dict[str, int], poll: Callable[[], int], notify: Progress
 ) -> None:
     loop = asyncio.get_running_loop()
-    codec = codec_for(config.target)
+    codec = codec_for(base_target(config.target))  # migratory-stream: its subscribers stream, the publisher does not
     sock = socket.create_connection((config.host, config.port))
     sock.setblocking(False)
     transport, publisher = await open_client(sock, config.target, config.host, config.ca, lambda: _Publisher(codec))

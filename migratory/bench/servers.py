@@ -167,7 +167,7 @@ def spawn(kind: str, host: str = "127.0.0.1", workers: int = 1, max_pending: str
     if kind.endswith(("-wss", "-tls")):
         ca, cert, key = make_test_pki(Path(folder) / "pki", host)
         extra["ca"] = str(ca)
-    if kind in ("migratory", "migratory-wss"):
+    if kind in ("migratory", "migratory-wss", "migratory-stream"):
         conf = Path(folder) / "migratorydata.conf"
         listeners = f"Listen = {host}:{port}\n"
         if kind == "migratory-wss":

@@ -2,7 +2,9 @@
 
 ``migratory``: the native protocol over WebSocket; ``ws-broadcast`` and
 ``websockets``: plain WebSocket, every binary message goes to every client;
-``nats``: the NATS text protocol; ``mqtt``: MQTT 3.1.1 with QoS 0. ``migratory-wss``,
+``nats``: the NATS text protocol; ``mqtt``: MQTT 3.1.1 with QoS 0; ``migratory-stream``:
+the native protocol over HTTP streaming (``GET /stream``, ``POST /stream/<id>``, the
+browsers' fallback). ``migratory-wss``,
 ``nats-tls`` and ``mqtt-tls`` are the same over TLS (the loaders trust the test CA
 the kit makes). Each codec turns
 subscriptions and publications into bytes and incoming bytes into message
@@ -18,17 +20,30 @@ from collections.abc import Sequence
 
 from migratory import protocol as p
 
-__all__ = ["TARGETS", "TLS_TARGETS", "Codec", "base_target", "codec_for"]
+__all__ = ["TARGETS", "TLS_TARGETS", "Codec", "StreamCodec", "base_target", "codec_for"]
 
-TARGETS = ("migratory", "migratory-wss", "ws-broadcast", "websockets", "nats", "nats-tls", "mqtt", "mqtt-tls")
+TARGETS = (
+    "migratory",
+    "migratory-wss",
+    "migratory-stream",
+    "ws-broadcast",
+    "websockets",
+    "nats",
+    "nats-tls",
+    "mqtt",
+    "mqtt-tls",
+)
 TLS_TARGETS = ("migratory-wss", "nats-tls", "mqtt-tls")
 """The targets reached over TLS: the server presents a certificate from the kit's test CA."""
 
-_BASES = {"migratory-wss": "migratory", "nats-tls": "nats", "mqtt-tls": "mqtt"}
+_BASES = {"migratory-wss": "migratory", "migratory-stream": "migratory", "nats-tls": "nats", "mqtt-tls": "mqtt"}
 
 
 def base_target(target: str) -> str:
-    """The wire protocol of a target: ``migratory-wss`` speaks what ``migratory`` speaks, over TLS."""
+    """The wire protocol of a target: ``migratory-wss`` speaks what ``migratory`` speaks, over TLS.
+
+    ``migratory-stream``'s publisher speaks it too (over WebSocket): only its subscribers stream.
+    """
     return _BASES.get(target, target)
 
 
@@ -167,6 +182,114 @@ class BroadcastCodec(_WebSocket):
         return [payload for opcode, payload in frames if opcode == 0x2], pong
 
 
+class StreamCodec(Codec):
+    """The native protocol over HTTP streaming (docs/protocol.md), a subscriber's side.
+
+    :meth:`hello` is ``GET /stream``; the response head names the stream
+    (:attr:`stream_id`), then the chunked body carries ``u32`` length-prefixed native
+    messages (zero-length ones keep proxies awake). What the client says goes as
+    ``POST /stream/<id>`` on another connection: :meth:`posts`.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream_id = ""
+        self.body = b""  # de-chunked bytes not yet a whole native message
+        self.chunk_left = 0  # bytes of the current chunk still to come (then its CRLF)
+
+    def hello(self, host: str, subjects: Sequence[str]) -> bytes:
+        return f"GET /stream HTTP/1.1\r\nHost: {host}\r\nAccept: application/octet-stream\r\n\r\n".encode()
+
+    def posts(self, host: str, subjects: Sequence[str]) -> tuple[bytes, int]:
+        """Pipelined ``POST /stream/<id>`` requests (CONNECT, then SUBSCRIBE), the last closing; and their count."""
+        messages = [p.encode_connect()]
+        if subjects:
+            messages.append(p.encode_subscribe(list(subjects)))
+        out = []
+        for i, message in enumerate(messages):
+            close = "Connection: close\r\n" if i == len(messages) - 1 else ""
+            out.append(
+                f"POST /stream/{self.stream_id} HTTP/1.1\r\nHost: {host}\r\n{close}"
+                f"Content-Type: application/octet-stream\r\nContent-Length: {len(message)}\r\n\r\n".encode()
+                + message
+            )
+        return b"".join(out), len(messages)
+
+    def publish(self, subject: str, payload: bytes) -> bytes:
+        raise NotImplementedError("migratory-stream publishes over WebSocket (codec_for(base_target(...)))")
+
+    def _dechunk(self, buf: bytes) -> bytes:
+        """The chunk bodies in ``buf``; an incomplete chunk header stays in ``self.buf``."""
+        out = []
+        pos = 0
+        n = len(buf)
+        while pos < n:
+            left = self.chunk_left
+            if left > 2:  # body bytes, then the chunk's CRLF
+                take = min(left - 2, n - pos)
+                out.append(buf[pos : pos + take])
+                pos += take
+                self.chunk_left -= take
+            elif left:  # the CRLF after a chunk body
+                take = min(left, n - pos)
+                pos += take
+                self.chunk_left -= take
+            else:
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    break
+                size = int(buf[pos:end].split(b";", 1)[0], 16)
+                if size == 0:
+                    raise ConnectionError("the server ended the stream")
+                pos = end + 2
+                self.chunk_left = size + 2
+        self.buf = buf[pos:]
+        return b"".join(out)
+
+    def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
+        buf = self.buf + data if self.buf else data
+        if not self.ready:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self.buf = buf
+                return [], b""
+            head = buf[:end].decode("latin-1")
+            if not head.startswith("HTTP/1.1 200"):
+                raise ConnectionError(f"stream refused: {head[:40]!r}")
+            for line in head.split("\r\n")[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "x-migratory-stream":
+                    self.stream_id = value.strip()
+            if not self.stream_id:
+                raise ConnectionError("no X-Migratory-Stream header")
+            self.ready = True
+            buf = buf[end + 4 :]
+        body = self.body + self._dechunk(buf) if self.body else self._dechunk(buf)
+        out = []
+        pos = 0
+        n = len(body)
+        while n - pos >= 4:
+            length = int.from_bytes(body[pos : pos + 4], "big")
+            if n - pos - 4 < length:
+                break
+            message = body[pos + 4 : pos + 4 + length]
+            pos += 4 + length
+            if not message:
+                continue  # keep-alive
+            if message[0] == p.Op.MESSAGE:
+                frame = p.decode_server(message)
+                assert isinstance(frame, p.Delivery)
+                if not frame.snapshot:
+                    out.append(frame.content)
+            elif message[0] == p.Op.SUBSCRIBE_STATUS and message[1] == p.Status.OK:
+                self.subscribed += 1
+        self.body = body[pos:]
+        return out, b""
+
+    def is_ready(self, subjects: int) -> bool:
+        return self.ready and self.subscribed >= subjects
+
+
 def nats_subject(subject: str) -> str:
     return subject.strip("/").replace("/", ".")
 
@@ -279,6 +402,8 @@ class MqttCodec(Codec):
 
 
 def codec_for(target: str) -> Codec:
+    if target == "migratory-stream":
+        return StreamCodec()
     kind = base_target(target)
     if kind == "migratory":
         return MigratoryCodec()
