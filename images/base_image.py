@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="the qcow2 to write")
     parser.add_argument("--ssh-key", type=Path, default=None, help="private key for Packer (default: OUT's folder)")
-    parser.add_argument("--size", type=int, default=3072, help="disk size in MiB")
+    parser.add_argument("--size", type=int, default=6144, help="disk size in MiB (room for the analytics: Spark, Java)")
     parser.add_argument("--suite", default="bookworm")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:

@@ -1,7 +1,7 @@
 # The migratorydata appliance: a Debian disk image with the DEB installed, the service enabled
-# and nftables opening only SSH and the server's ports. Packer 1.6.6 (Debian's) with its
-# built-in qemu builder, so no required_plugins block. Run it through images/build_image.py,
-# which validates the inputs and passes these variables:
+# and nftables opening only SSH and the server's ports; with analytics_deb, the log analytics too.
+# Packer 1.6.6 (Debian's) with its built-in qemu builder, so no required_plugins block. Run it
+# through images/build_image.py, which validates the inputs and passes these variables:
 #   python images/build_image.py build --base dist/debian-12-base.qcow2 --deb dist/migratorydata_0.1.0_amd64.deb
 
 variable "base_image" {
@@ -12,6 +12,12 @@ variable "base_image" {
 variable "deb" {
   type        = string
   description = "The migratorydata DEB to install (make deb)."
+}
+
+variable "analytics_deb" {
+  type        = string
+  default     = ""
+  description = "The migratorydata-analytics DEB to install too (PySpark and the log analytics, with Java 17 from Debian); empty: none."
 }
 
 variable "config" {
@@ -47,8 +53,9 @@ variable "accelerator" {
 }
 
 variable "disk_size" {
-  type    = string
-  default = "3072M"
+  type        = string
+  default     = "6144M"
+  description = "The base image's size (images/base_image.py --size): the partition does not grow, so not more."
 }
 
 source "qemu" "migratorydata" {
@@ -86,6 +93,12 @@ build {
   provisioner "file" {
     source      = var.config
     destination = "/root/migratorydata.conf"
+  }
+
+  # The analytics DEB when given, else an empty marker: provision.sh installs it only if it is a package.
+  provisioner "file" {
+    source      = var.analytics_deb != "" ? var.analytics_deb : "${path.root}/provision.sh"
+    destination = var.analytics_deb != "" ? "/root/migratorydata-analytics.deb" : "/root/no-analytics"
   }
 
   provisioner "file" {

@@ -5,6 +5,11 @@ set -eu
 
 cd /root
 apt-get install -y -q ./migratorydata.deb
+# The log analytics when the build was given its DEB: Java 17 comes from Debian's mirror.
+if [ -f /root/migratorydata-analytics.deb ]; then
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends ./migratorydata-analytics.deb
+fi
 # The image's configuration (the packaged one unless the build was given another); if it
 # differs from the packaged file, dpkg treats it as edited and keeps it on upgrade.
 install -m 0640 -o root -g migratorydata /root/migratorydata.conf /etc/migratorydata/migratorydata.conf
@@ -43,5 +48,5 @@ EOF
 nft -c -f /etc/nftables.conf
 systemctl enable nftables.service
 systemctl restart migratorydata.service
-rm -f /root/migratorydata.deb /root/migratorydata.conf /root/provision.sh
+rm -f /root/migratorydata.deb /root/migratorydata-analytics.deb /root/no-analytics /root/migratorydata.conf /root/provision.sh
 apt-get clean

@@ -8,27 +8,45 @@ ExecStart run as that user with the unit's one capability on a privileged port a
 subscribe/publish round trip, `systemd-analyze verify`, conffile kept on upgrade, user gone on purge.
 No systemd runs here, so the unit's commands are started the way systemd would: setpriv with the
 unit's User, Group and AmbientCapabilities.
+
+The repositories (packaging/build_repo.py, `make repo`) are served on 127.0.0.1 by an http.server
+of this module: apt-get installs migratorydata and migratorydata-analytics from the signed apt
+repository (and refuses a tampered package and a repository signed by another key), apt-get
+upgrade keeps an edited configuration, dnf --installroot installs both from the signed yum
+repository; in each chroot the packaged server runs as its user and `migratory logs analyze`
+reads its logs as that user.
+
+Every test's pytest timeout is the sum of the step timeouts it may wait for (a session fixture's
+build counts in the first test that uses it), so a cold cache on a slow machine fails a step with
+its own message rather than the whole test at an arbitrary point.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import http.server
+import importlib.util
 import io
+import json
 import os
 import random
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import tomllib
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,8 +54,26 @@ from migratory.client import MigratoryClient
 from migratory.protocol import Status
 from tests.conftest import free_port, wait_for_port
 
+# Step timeouts (seconds, a loaded 2-core machine with a cold cache), and the tests' sums of them.
+BUILD_TIMEOUT = 1200  # build_packages.py: the core venv from PyPI, DEB, RPM
+ANALYTICS_BUILD_TIMEOUT = 2400  # the core staged again, PySpark and its dependencies, two 0.9 GB packages
+ROOTFS_TIMEOUT = 1800  # debootstrap of the test chroot, once per cache
+APT_TIMEOUT = 900  # apt-get update and install from Debian's mirror (Java 17 for the analytics)
+ANALYSIS_TIMEOUT = 900  # `migratory logs analyze`: JVM start and the report
+BASE_IMAGE_TIMEOUT = 2400  # images/base_image.py: debootstrap with a kernel, mkfs, extlinux
+PACKER_TIMEOUT = 3600  # packer build: boot the base disk, install the DEB, shut down (TCG: software emulation)
+BOOT_TIMEOUT = 900  # the built image until /health answers
+MARGIN = 600
+TEST_TIMEOUT = 2 * BUILD_TIMEOUT + ROOTFS_TIMEOUT + APT_TIMEOUT + MARGIN
+REPO_TEST_TIMEOUT = (
+    BUILD_TIMEOUT + ANALYTICS_BUILD_TIMEOUT + ROOTFS_TIMEOUT + 2 * APT_TIMEOUT + ANALYSIS_TIMEOUT + MARGIN
+)
+IMAGE_TEST_TIMEOUT = BUILD_TIMEOUT + BASE_IMAGE_TIMEOUT + PACKER_TIMEOUT + BOOT_TIMEOUT + MARGIN
+
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.packaging,
+    pytest.mark.timeout(TEST_TIMEOUT),
     pytest.mark.skipif(
         os.geteuid() != 0 or shutil.which("debootstrap") is None or shutil.which("dpkg-deb") is None,
         reason="needs root, dpkg-deb and debootstrap (.ci/deps.sh)",
@@ -53,6 +89,8 @@ ROOTFS = CACHE / f"bookworm-minbase-{'-'.join(ROOTFS_PACKAGES)}.tar"
 MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
 CONF = "/etc/migratorydata/migratorydata.conf"
 UNIT = "/lib/systemd/system/migratorydata.service"
+RPM_UNIT = "/usr/lib/systemd/system/migratorydata.service"
+APT_CACHE = CACHE / "apt-archives"  # .debs downloaded in the chroots (Java), kept between runs
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 UPGRADE_VERSION = f"{VERSION}+1"
 CAP_NET_BIND_SERVICE = 1 << 10
@@ -71,17 +109,21 @@ class Built:
     rpm: Path | None
     work: Path
 
+    @property
+    def out(self) -> Path:
+        return self.deb.parent
+
 
 # The build's default SOURCE_DATE_EPOCH is the last commit's time; read once, so a commit made while
 # the suite runs cannot make two builds of this session differ.
 EPOCH = int(sh("git", "-C", str(ROOT), "log", "-1", "--format=%ct").stdout) if (ROOT / ".git").exists() else 0
 
 
-def build(out: Path, work: Path, what: str, version: str | None = None) -> list[Path]:
+def build(out: Path, work: Path, what: str, version: str | None = None, timeout: float = BUILD_TIMEOUT) -> list[Path]:
     args = [sys.executable, str(BUILD), what, "--out", str(out), "--work", str(work)]
     if version:
         args += ["--version", version]
-    done = sh(*args, timeout=900, env=dict(os.environ, SOURCE_DATE_EPOCH=str(EPOCH)))
+    done = sh(*args, timeout=timeout, env=dict(os.environ, SOURCE_DATE_EPOCH=str(EPOCH)))
     return [Path(line) for line in done.stdout.split()]
 
 
@@ -105,6 +147,16 @@ def upgrade(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(deb, next((p for p in paths if p.suffix == ".rpm"), None), base / "work")
 
 
+@pytest.fixture(scope="session")
+def analytics(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """migratorydata-analytics, DEB and RPM (rpmbuild permitting), of this checkout."""
+    base = tmp_path_factory.mktemp("pkg-analytics")
+    what = "analytics" if shutil.which("rpmbuild") else "analytics-deb"
+    paths = build(base / "out", base / "work", what, timeout=ANALYTICS_BUILD_TIMEOUT)
+    deb = next(p for p in paths if p.suffix == ".deb")
+    return Built(deb, next((p for p in paths if p.suffix == ".rpm"), None), base / "work")
+
+
 def rootfs_tarball() -> Path:
     """A debootstrap'ed bookworm (minbase + ROOTFS_PACKAGES), made once and kept as a tarball in CACHE."""
     if ROOTFS.exists():
@@ -113,7 +165,10 @@ def rootfs_tarball() -> Path:
     target = CACHE / f"rootfs.{os.getpid()}"
     shutil.rmtree(target, ignore_errors=True)
     include = ",".join(ROOTFS_PACKAGES)
-    sh("debootstrap", "--variant=minbase", f"--include={include}", "bookworm", str(target), MIRROR, timeout=1800)
+    sh(
+        *("debootstrap", "--variant=minbase", f"--include={include}", "bookworm", str(target), MIRROR),
+        timeout=ROOTFS_TIMEOUT,
+    )
     partial = ROOTFS.with_suffix(f".{os.getpid()}.partial")
     sh("tar", "-C", str(target), "--numeric-owner", "-cf", str(partial), ".")
     partial.rename(ROOTFS)
@@ -129,12 +184,26 @@ class Chroot:
         root.mkdir(parents=True)
         sh("tar", "-C", str(root), "--numeric-owner", "-xf", str(rootfs_tarball()))
         sh("mount", "-t", "proc", "proc", str(root / "proc"))
+        self.mounts = [root / "proc"]
+        shutil.copy2("/etc/resolv.conf", root / "etc/resolv.conf")  # apt reaches Debian's mirror by name
+        # as on an installed machine (debootstrap writes none): localhost and this host's name resolve
+        hosts = f"127.0.0.1 localhost\n127.0.1.1 {socket.gethostname()}\n::1 localhost ip6-localhost ip6-loopback\n"
+        (root / "etc/hosts").write_text(hosts)
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def run(self, *cmd: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
-        env["DEBIAN_FRONTEND"] = "noninteractive"
-        return sh("chroot", str(self.root), *cmd, check=check, timeout=timeout, env=env)
+    def run(
+        self, *cmd: str, check: bool = True, timeout: float = 300, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
+        base["DEBIAN_FRONTEND"] = "noninteractive"
+        return sh("chroot", str(self.root), *cmd, check=check, timeout=timeout, env={**base, **(env or {})})
+
+    def cache_apt(self) -> None:
+        """Share /var/cache/apt/archives with the other chroots and runs: Java is downloaded once."""
+        APT_CACHE.mkdir(parents=True, exist_ok=True)
+        archives = self.path("/var/cache/apt/archives")
+        sh("mount", "--bind", str(APT_CACHE), str(archives))
+        self.mounts.append(archives)
 
     def path(self, inside: str) -> Path:
         return self.root / inside.lstrip("/")
@@ -152,8 +221,12 @@ class Chroot:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        sh("umount", "-l", str(self.root / "proc"), check=False)
-        shutil.rmtree(self.root, ignore_errors=True)
+        for ours in APT_CACHE.glob("migratorydata*.deb"):  # the cache keeps Debian's packages, not this build's
+            ours.unlink()
+        for mount in reversed(self.mounts):
+            sh("umount", "-l", str(mount), check=False)
+        if not any(os.path.ismount(mount) for mount in self.mounts):  # never delete through a mount
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -241,6 +314,20 @@ def test_deb_payload_owners_modes_and_times(built: Built) -> None:
     assert "/opt/migratorydata/lib/python3.11/site-packages/migratory/__pycache__/config.cpython-311.pyc" in members
 
 
+def test_a_missing_build_tool_is_named_with_its_package(tmp_path: Path) -> None:
+    """`make rpm` or `make repo` on a machine without rpmbuild, createrepo_c ...: what to install, no traceback."""
+    bare = dict(os.environ, PATH=str(tmp_path))  # no tool at all on the PATH
+    rpm = sh(sys.executable, str(BUILD), "rpm", "--work", str(tmp_path / "w"), check=False, env=bare)
+    assert rpm.returncode == 2 and "Traceback" not in rpm.stderr, rpm.stderr
+    assert "rpmbuild not found (builds the RPM): install it with `apt-get install rpm`" in rpm.stderr
+    assert "`dnf install rpm-build`" in rpm.stderr and not (tmp_path / "w").exists()  # nothing built first
+    repo = sh(sys.executable, str(ROOT / "packaging" / "build_repo.py"), "--check-tools", check=False, env=bare)
+    assert repo.returncode == 2 and "Traceback" not in repo.stderr, repo.stderr
+    for tool, package in [("gpg", "gnupg"), ("apt-ftparchive", "apt-utils"), ("createrepo_c", "createrepo-c")]:
+        assert f"build_repo: {tool} not found" in repo.stderr and f"apt-get install {package}`" in repo.stderr
+    assert sh(sys.executable, str(ROOT / "packaging" / "build_repo.py"), "--check-tools").returncode == 0
+
+
 def test_deb_is_reproducible(built: Built, tmp_path: Path) -> None:
     again = build(tmp_path / "out", tmp_path / "work", "deb")[0]
     assert again.name == built.deb.name
@@ -260,8 +347,15 @@ def test_installed_files_owners_and_modes(installed: Chroot) -> None:
     opt = installed.path("/opt/migratorydata/bin/migratory").stat()
     assert (opt.st_uid, opt.st_mode & 0o7777) == (0, 0o755)
     text = installed.path(CONF).read_text()
-    for line in ("Listen = *:8800", "LogFolder = /var/log/migratorydata", "StateFolder = /var/lib/migratorydata"):
+    for line in (
+        "Listen = *:8800",
+        "LogFolder = /var/log/migratorydata",
+        "StateFolder = /var/lib/migratorydata",
+        "MonitorHTTP.Listen = 127.0.0.1:9900",  # monitoring for this machine only
+        "PublishAllowFromAddressList = 127.0.0.1, ::1",  # publishing from this machine only, until opened
+    ):
         assert f"\n{line}\n" in text
+    assert "add their addresses or networks (PublishAllowFromAddressList =" in text  # how to open it
     assert "#Workers = auto" in text  # the rest is the repository's file, comments included
     assert installed.run("sh", "-c", "command -v migratory").stdout.strip() == "/usr/bin/migratory"
     assert installed.path("/usr/share/man/man1/migratory.1.gz").exists()
@@ -288,7 +382,8 @@ def test_help_and_man_page_cover_every_command(installed: Chroot) -> None:
 def test_config_check_as_the_service_user(installed: Chroot) -> None:
     directives = unit_directives(installed.path(UNIT).read_text())
     pre = installed.run(*as_unit_user(directives, directives["ExecStartPre"][0]))
-    assert "OK" in pre.stdout + pre.stderr
+    assert "OK" in pre.stdout and "warning" not in pre.stdout + pre.stderr, pre.stdout + pre.stderr
+    assert installed.run("migratory", "--version").stdout.strip() == f"migratory {VERSION}"
     broken = installed.path("/root/broken.conf")
     broken.write_text("Listen = 127.0.0.1:8800\nWorkers = lots\n")
     bad = installed.run("migratory", "config", "check", "/root/broken.conf", check=False)
@@ -305,21 +400,52 @@ def test_systemd_analyze_verify(installed: Chroot) -> None:
     assert level <= 2.5, security.stdout
 
 
-def test_service_runs_as_user_on_privileged_port(installed: Chroot) -> None:
-    """The unit's ExecStart as systemd would run it: the user, only CAP_NET_BIND_SERVICE, port 80, a round trip."""
-    directives = unit_directives(installed.path(UNIT).read_text())
+def serve_as_unit(box: Chroot, unit: str = UNIT, port: int = 80) -> tuple[subprocess.Popen[bytes], str]:
+    """The unit's ExecStartPre, then ExecStart as systemd would run them, on a loopback address of its own.
+
+    Listen and MonitorHTTP.Listen are moved to a random 127.x.y.z (other suites use the usual ports);
+    the rest of the installed configuration stays. Returns the server process and its host.
+    """
+    directives = unit_directives(box.path(unit).read_text())
     host = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(2, 254)}"
-    conf = installed.path(CONF)
-    conf.write_text(conf.read_text().replace("\nListen = *:8800\n", f"\nListen = {host}:80\n"))
-    installed.run(*as_unit_user(directives, directives["ExecStartPre"][0]))
+    conf = box.path(CONF)
+    text = conf.read_text().replace("\nListen = *:8800\n", f"\nListen = {host}:{port}\n")
+    conf.write_text(text.replace("\nMonitorHTTP.Listen = 127.0.0.1:9900\n", f"\nMonitorHTTP.Listen = {host}:9900\n"))
+    pre = box.run(*as_unit_user(directives, directives["ExecStartPre"][0]))
+    assert "OK" in pre.stdout and "warning" not in pre.stdout + pre.stderr, pre.stdout + pre.stderr
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
     for item in directives.get("Environment", []):
         key, value = item.split("=", 1)
         env[key] = value
-    start = ["chroot", str(installed.root), *as_unit_user(directives, directives["ExecStart"][0])]
+    start = ["chroot", str(box.root), *as_unit_user(directives, directives["ExecStart"][0])]
     proc = subprocess.Popen(start, stderr=subprocess.PIPE, env=env, start_new_session=True)
-    installed.procs.append(proc)
-    wait_for_port(host, 80, timeout=30, proc=proc)
+    box.procs.append(proc)
+    wait_for_port(host, port, timeout=60, proc=proc)
+    return proc, host
+
+
+def round_trip(url: str, subject: str, payload: bytes, timeout: float = 10) -> bytes:
+    async def exchange() -> bytes:
+        async with MigratoryClient([url]) as subscriber, MigratoryClient([url]) as publisher:
+            assert await subscriber.subscribe([subject]) == {subject: Status.OK}
+            assert await publisher.publish(subject, payload) == Status.OK
+            return (await subscriber.next_message(timeout)).content
+
+    return asyncio.run(exchange())
+
+
+def wait_logged(box: Chroot, subject: str) -> Path:
+    logs = box.path("/var/log/migratorydata")
+    deadline = time.monotonic() + 5  # logs are flushed once a second
+    while subject not in (logs / "message.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert subject in (logs / "message.log").read_text(), sorted(p.name for p in logs.iterdir())
+    return logs
+
+
+def test_service_runs_as_user_on_privileged_port(installed: Chroot) -> None:
+    """The unit's ExecStart as systemd would run it: the user, only CAP_NET_BIND_SERVICE, port 80, a round trip."""
+    proc, host = serve_as_unit(installed)
     uid = installed.uid("migratorydata")
     pids = [proc.pid, *(int(p) for p in sh("pgrep", "-P", str(proc.pid)).stdout.split())]
     assert len(pids) >= 2  # the supervisor and its workers
@@ -327,20 +453,10 @@ def test_service_runs_as_user_on_privileged_port(installed: Chroot) -> None:
         assert status_field(pid, "Uid").split() == [str(uid)] * 4
         assert int(status_field(pid, "CapEff"), 16) == CAP_NET_BIND_SERVICE
         assert int(status_field(pid, "CapBnd"), 16) == CAP_NET_BIND_SERVICE
-
-    async def round_trip() -> bytes:
-        url = f"ws://{host}:80"
-        async with MigratoryClient([url]) as subscriber, MigratoryClient([url]) as publisher:
-            assert await subscriber.subscribe(["/pkg/test"]) == {"/pkg/test": Status.OK}
-            assert await publisher.publish("/pkg/test", b"from the package") == Status.OK
-            return (await subscriber.next_message(10)).content
-
-    assert asyncio.run(round_trip()) == b"from the package"
-    logs = installed.path("/var/log/migratorydata")
-    deadline = time.monotonic() + 5  # logs are flushed once a second
-    while "/pkg/test" not in (logs / "message.log").read_text() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert "/pkg/test" in (logs / "message.log").read_text(), sorted(p.name for p in logs.iterdir())
+    assert round_trip(f"ws://{host}:80", "/pkg/test", b"from the package") == b"from the package"
+    with urllib.request.urlopen(f"http://{host}:9900/health", timeout=10) as answer:  # monitoring, as packaged
+        assert b'"status"' in answer.read()
+    logs = wait_logged(installed, "/pkg/test")
     assert (logs / "message.log").stat().st_uid == uid
     proc.send_signal(signal.SIGHUP)  # ExecReload: no TLS configured, so nothing to reload, and nobody restarted
     time.sleep(1.5)
@@ -453,11 +569,26 @@ def test_packer_validate_through_the_wrapper(built: Built, image_inputs: tuple[P
     common = ["--base", str(base), "--deb", str(built.deb), "--ssh-key", str(key)]
     done = wrapper("validate", *common)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "image ports: [8800]" in done.stderr  # the packaged configuration's Listen
+    assert "image ports: [8800]" in done.stderr  # the packaged Listen; monitoring is on loopback, not opened
     conf = tmp_path / "appliance.conf"
     conf.write_text("Listen = *:80\nListenEncrypted = none\nMonitorHTTP.Listen = 10.0.0.5:8801\n")
     custom = wrapper("validate", *common, "--config", str(conf))
     assert custom.returncode == 0 and "image ports: [80, 8801]" in custom.stderr, custom.stderr
+
+
+@pytest.mark.skipif(shutil.which("packer") is None, reason="needs packer (.ci/deps.sh)")
+@pytest.mark.timeout(REPO_TEST_TIMEOUT)
+def test_packer_validate_with_the_analytics(
+    built: Built, analytics: Built, image_inputs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The image build variable analytics_deb: the wrapper checks the DEB and Packer accepts the template."""
+    base, key = image_inputs
+    common = ["--base", str(base), "--deb", str(built.deb), "--ssh-key", str(key)]
+    done = wrapper("validate", *common, "--analytics-deb", str(analytics.deb))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "with analytics" in done.stderr
+    wrong = wrapper("validate", *common, "--analytics-deb", str(built.deb))
+    assert wrong.returncode == 2 and "expected migratorydata-analytics" in wrong.stderr
 
 
 def test_image_wrapper_refuses_bad_inputs(built: Built, image_inputs: tuple[Path, Path], tmp_path: Path) -> None:
@@ -481,6 +612,19 @@ def test_image_wrapper_refuses_bad_inputs(built: Built, image_inputs: tuple[Path
 BASE_IMAGE_SCRIPT = ROOT / "images" / "base_image.py"
 
 
+def image_accelerator(base: Path) -> str:
+    """The wrapper's own choice: kvm where KVM boots the base image here, else tcg; MIGRATORY_IMAGE_ACCEL overrides."""
+    forced = os.environ.get("MIGRATORY_IMAGE_ACCEL", "auto")
+    if forced != "auto":
+        return forced
+    spec = importlib.util.spec_from_file_location("build_image", IMAGE_WRAPPER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("build_image", module)
+    spec.loader.exec_module(module)
+    return str(module.accelerator("auto", base))
+
+
 @pytest.fixture(scope="session")
 def base_image() -> tuple[Path, Path]:
     """The debootstrap'ed base disk and Packer's key, cached in CACHE per version of images/base_image.py."""
@@ -488,7 +632,17 @@ def base_image() -> tuple[Path, Path]:
     folder = CACHE / f"base-image-{digest}"
     image, key = folder / "debian-12-base.qcow2", folder / "packer_ed25519"
     if not image.exists():
-        sh(sys.executable, str(BASE_IMAGE_SCRIPT), "--out", str(image), "--ssh-key", str(key), timeout=1800)
+        partial = folder / f"partial-{os.getpid()}.qcow2"  # a killed build leaves no image that looks finished
+        sh(
+            sys.executable,
+            str(BASE_IMAGE_SCRIPT),
+            "--out",
+            str(partial),
+            "--ssh-key",
+            str(key),
+            timeout=BASE_IMAGE_TIMEOUT,
+        )
+        partial.rename(image)
     return image, key
 
 
@@ -497,17 +651,24 @@ def ssh(port: int, key: Path, command: str) -> subprocess.CompletedProcess[str]:
     return sh("ssh", "-i", str(key), *options, "-p", str(port), "root@127.0.0.1", command, check=False, timeout=60)
 
 
+@pytest.mark.image
+@pytest.mark.timeout(IMAGE_TEST_TIMEOUT)
 @pytest.mark.skipif(
     os.environ.get("MIGRATORY_IMAGE_TEST", "1") == "0" or shutil.which("packer") is None,
     reason="MIGRATORY_IMAGE_TEST=0, or no packer (.ci/deps.sh)",
 )
 def test_image_builds_boots_and_serves(built: Built, base_image: tuple[Path, Path], tmp_path: Path) -> None:
-    """Packer installs the DEB into the base disk; the result boots under qemu (software emulation) and serves."""
+    """Packer installs the DEB into the base disk; it boots under qemu (KVM if it works, else TCG) and serves."""
     base, key = base_image
     out = tmp_path / "image"
-    common = ["--base", str(base), "--deb", str(built.deb), "--ssh-key", str(key), "--accel", "tcg"]
-    done = sh(sys.executable, str(IMAGE_WRAPPER), "build", *common, "--output", str(out), check=False, timeout=2400)
+    accel = image_accelerator(base)
+    common = ["--base", str(base), "--deb", str(built.deb), "--ssh-key", str(key), "--accel", accel]
+    started = time.monotonic()
+    done = sh(
+        sys.executable, str(IMAGE_WRAPPER), "build", *common, "--output", str(out), check=False, timeout=PACKER_TIMEOUT
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    print(f"image built with {accel} in {time.monotonic() - started:.0f} s")
     image = out / "migratorydata.qcow2"
     assert image.is_file()
     web, ssh_port = free_port(), free_port()
@@ -515,7 +676,7 @@ def test_image_builds_boots_and_serves(built: Built, base_image: tuple[Path, Pat
     console = tmp_path / "console.log"
     qemu = subprocess.Popen(
         [
-            *("qemu-system-x86_64", "-accel", "tcg", "-m", "1024", "-smp", "2", "-nographic", "-snapshot"),
+            *("qemu-system-x86_64", "-accel", accel, "-m", "1024", "-smp", "2", "-nographic", "-snapshot"),
             *("-drive", f"file={image},if=virtio,format=qcow2"),
             *("-netdev", f"user,id=n0,{forwards}", "-device", "virtio-net-pci,netdev=n0"),
         ],
@@ -524,7 +685,7 @@ def test_image_builds_boots_and_serves(built: Built, base_image: tuple[Path, Pat
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + BOOT_TIMEOUT
         health = ""
         while time.monotonic() < deadline and qemu.poll() is None:
             try:
@@ -535,14 +696,19 @@ def test_image_builds_boots_and_serves(built: Built, base_image: tuple[Path, Pat
                 time.sleep(2)
         assert '"status":"ok"' in health, console.read_text(errors="replace")[-3000:]
 
-        async def round_trip() -> bytes:
+        async def outside_in() -> bytes:
+            """From this machine: subscribe (allowed to anyone) and publish (refused: not loopback, as packaged);
+            a publication made on the VM itself reaches the subscriber out here."""
             url = f"ws://127.0.0.1:{web}"
-            async with MigratoryClient([url]) as subscriber, MigratoryClient([url]) as publisher:
+            async with MigratoryClient([url]) as subscriber, MigratoryClient([url]) as outsider:
                 assert await subscriber.subscribe(["/vm/test"]) == {"/vm/test": Status.OK}
-                assert await publisher.publish("/vm/test", b"from the image") == Status.OK
-                return (await subscriber.next_message(20)).content
+                assert await outsider.publish("/vm/test", b"from outside") == Status.DENIED
+                inside = "migratory publish ws://127.0.0.1:8800 /vm/test 'from the image'"
+                published = await asyncio.get_running_loop().run_in_executor(None, ssh, ssh_port, key, inside)
+                assert published.stdout.strip() == "OK", published.stdout + published.stderr
+                return (await subscriber.next_message(30)).content
 
-        assert asyncio.run(round_trip()) == b"from the image"
+        assert asyncio.run(outside_in()) == b"from the image"
         state = ssh(ssh_port, key, "systemctl is-enabled migratorydata nftables; systemctl is-active migratorydata")
         assert state.stdout.split() == ["enabled", "enabled", "active"], state.stdout + state.stderr
         user = ssh(ssh_port, key, "ps -o user= -p $(systemctl show -p MainPID --value migratorydata)")
@@ -550,6 +716,10 @@ def test_image_builds_boots_and_serves(built: Built, base_image: tuple[Path, Pat
         rules = ssh(ssh_port, key, "nft list chain inet filter input")
         opened = [line for line in rules.stdout.splitlines() if "tcp dport" in line and "accept" in line]
         assert "policy drop" in rules.stdout and any("8800" in line for line in opened), rules.stdout
+        assert not any("9900" in line for line in opened), rules.stdout  # monitoring stays on loopback
+        probe = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9900/health', timeout=5).status)"
+        monitor = ssh(ssh_port, key, f'python3.11 -c "{probe}"')
+        assert monitor.stdout.strip() == "200", monitor.stdout + monitor.stderr
     finally:
         qemu.kill()
         qemu.wait()
@@ -567,3 +737,229 @@ def test_rpm_upgrade_keeps_edited_config(built: Built, upgrade: Built, chroot: C
     assert sh(*rpm, "-q", "--qf", "%{VERSION}", "migratorydata").stdout == UPGRADE_VERSION
     assert "\nLogLevel = DEBUG\n" in conf.read_text()
     assert chroot.run("getent", "passwd", "migratorydata", check=False).returncode == 0
+
+
+# --- the signed apt and yum repositories (make repo), served on 127.0.0.1 -----------------------------------------
+
+BUILD_REPO = ROOT / "packaging" / "build_repo.py"
+APT_SOURCE = "/etc/apt/sources.list.d/migratorydata.sources"
+KEYRING = "/etc/apt/keyrings/migratorydata-archive-keyring.gpg"
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Repos:
+    """A web root on 127.0.0.1 holding the repositories at /repo (and the tests' variants beside it)."""
+
+    www: Path
+    url: str
+    gnupg: Path
+
+    @property
+    def path(self) -> Path:
+        return self.www / "repo"
+
+    def make(
+        self, out: Path, *package_dirs: Path, gnupg: Path | None = None, formats: str = "apt,yum"
+    ) -> subprocess.CompletedProcess[str]:
+        """packaging/build_repo.py as `make repo` runs it (a generated test key), into out, served at url/out."""
+        folders = [arg for folder in package_dirs for arg in ("--packages", str(folder))]
+        return sh(
+            *(sys.executable, str(BUILD_REPO), *folders, "--out", str(out), "--formats", formats),
+            *("--generate-key", "--gpg-home", str(gnupg or self.gnupg), "--url", f"{self.url}/{out.name}"),
+            timeout=BUILD_TIMEOUT,
+        )
+
+
+@pytest.fixture(scope="session")
+def repos(built: Built, analytics: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Repos]:
+    """`make repo` of the session's packages (both formats, both packages), served by http.server."""
+    www = tmp_path_factory.mktemp("www")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(www)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        served = Repos(www, f"http://127.0.0.1:{server.server_address[1]}", www.parent / f"{www.name}-gnupg")
+        served.make(served.path, built.out, analytics.out)
+        yield served
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def use_apt_repo(box: Chroot, repos: Repos, name: str = "repo", debian: bool = True) -> None:
+    """What docs/operations.md has an operator do: the keyring, the .sources file (for url/name).
+
+    With debian, Debian's mirror stays too (Java 17 comes from it) and the downloads are cached;
+    without, the chroot sees this repository only and nothing cached (a cached package would
+    stand in for the one a test tampered with).
+    """
+    box.path(KEYRING).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(repos.www / name / "migratorydata-archive-keyring.gpg", box.path(KEYRING))
+    box.path(KEYRING).chmod(0o644)
+    sources = (repos.www / name / "migratorydata.sources").read_text()
+    box.path(APT_SOURCE).write_text(sources.replace(f"{repos.url}/repo/", f"{repos.url}/{name}/"))
+    assert f"URIs: {repos.url}/{name}/apt\n" in box.path(APT_SOURCE).read_text()
+    if debian:
+        box.cache_apt()
+    else:
+        box.path("/etc/apt/sources.list").write_text("")
+
+
+def test_repositories_are_signed(repos: Repos, tmp_path: Path) -> None:
+    keyring = repos.path / "migratorydata-archive-keyring.gpg"
+    dist = repos.path / "apt" / "dists" / "stable"
+    sh("gpgv", "--keyring", str(keyring), str(dist / "InRelease"))
+    sh("gpgv", "--keyring", str(keyring), str(dist / "Release.gpg"), str(dist / "Release"))
+    repomd = repos.path / "yum" / "repodata" / "repomd.xml"
+    sh("gpgv", "--keyring", str(keyring), f"{repomd}.asc", str(repomd))
+    packages = (dist / "main" / "binary-amd64" / "Packages").read_text()
+    assert "Package: migratorydata\n" in packages and "Package: migratorydata-analytics\n" in packages
+    assert "Depends: migratorydata (= " in packages and "openjdk-17-jre-headless | java17-runtime-headless" in packages
+    rpmdb = tmp_path / "rpmroot"
+    sh("rpm", "--root", str(rpmdb), "--initdb")
+    sh("rpm", "--root", str(rpmdb), "--import", str(repos.path / "RPM-GPG-KEY-migratorydata"))
+    for rpm in sorted((repos.path / "yum" / "Packages").glob("*.rpm")):
+        checked = sh("rpm", "--root", str(rpmdb), "-K", str(rpm)).stdout
+        assert "signatures OK" in checked, checked
+    assert len(list((repos.path / "yum" / "Packages").glob("*.rpm"))) == 2
+    assert f"baseurl={repos.url}/repo/yum" in (repos.path / "migratorydata.repo").read_text()
+
+
+def analyze_as_service_user(box: Chroot) -> dict[str, Any]:
+    """`migratory logs analyze /var/log/migratorydata` as migratorydata, the way docs/operations.md shows it."""
+    user = ["setpriv", "--reuid=migratorydata", "--regid=migratorydata", "--init-groups"]
+    done = box.run(
+        *user,
+        *("migratory", "logs", "analyze", "/var/log/migratorydata", "--out", "/var/lib/migratorydata/report", "--json"),
+        env={"HOME": "/var/lib/migratorydata"},
+        timeout=ANALYSIS_TIMEOUT,
+    )
+    report = box.path("/var/lib/migratorydata/report")
+    assert (report / "report.html").is_file() and (report / "summary.json").is_file(), done.stderr[-3000:]
+    assert (report / "summary.json").stat().st_uid == box.uid("migratorydata")
+    return dict(json.loads(done.stdout))
+
+
+def serve_publish_and_analyze(box: Chroot, unit: str) -> None:
+    """The packaged server as its unit runs it, a few messages, then the analytics over its logs."""
+    proc, host = serve_as_unit(box, unit)
+    for index in range(3):
+        subject, payload = f"/pkg/analytics/{index}", f"m{index}".encode()
+        assert round_trip(f"ws://{host}:80", subject, payload) == payload
+    wait_logged(box, "/pkg/analytics/2")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    summary = analyze_as_service_user(box)
+    assert "/pkg/analytics/1" in json.dumps(summary)
+    assert summary["inputs"] == ["/var/log/migratorydata"]
+
+
+@pytest.mark.timeout(REPO_TEST_TIMEOUT)
+def test_apt_installs_both_from_the_signed_repository_and_analyzes_the_logs(repos: Repos, chroot: Chroot) -> None:
+    """apt-get install migratorydata migratorydata-analytics from the repository, Java 17 from Debian's mirror."""
+    use_apt_repo(chroot, repos)
+    update = chroot.run("apt-get", "update", timeout=APT_TIMEOUT)
+    assert f"{repos.url}/repo/apt stable InRelease" in update.stdout, update.stdout
+    assert "not signed" not in update.stdout + update.stderr and "insecure" not in update.stdout + update.stderr
+    chroot.run("apt-get", "install", "-y", "-q", "migratorydata", "migratorydata-analytics", timeout=APT_TIMEOUT)
+    versions = chroot.run("dpkg-query", "-W", "-f=${Package} ${Version}\n").stdout.splitlines()
+    assert f"migratorydata {VERSION}" in versions and f"migratorydata-analytics {VERSION}" in versions
+    assert any(line.startswith("openjdk-17-jre-headless ") for line in versions)  # pulled in by the dependency
+    serve_publish_and_analyze(chroot, UNIT)
+
+
+@pytest.mark.timeout(REPO_TEST_TIMEOUT)
+def test_apt_refuses_a_tampered_package_and_a_foreign_signature(repos: Repos, built: Built, chroot: Chroot) -> None:
+    tampered = repos.www / "tampered"
+    shutil.copytree(repos.path, tampered)
+    deb = tampered / "apt" / "pool" / "main" / built.deb.name
+    data = bytearray(deb.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte of the payload, the size unchanged
+    deb.write_bytes(bytes(data))
+    use_apt_repo(chroot, repos, "tampered", debian=False)
+    chroot.run("apt-get", "update", timeout=APT_TIMEOUT)
+    refused = chroot.run("apt-get", "install", "-y", "-q", "migratorydata", check=False, timeout=APT_TIMEOUT)
+    assert refused.returncode != 0 and "Hash Sum mismatch" in refused.stdout + refused.stderr, refused.stderr
+    assert chroot.run("dpkg-query", "-W", "migratorydata", check=False).returncode != 0
+    # the same packages, indexed and signed by someone else's key: apt refuses the repository itself
+    foreign = repos.www / "foreign"
+    other_key = repos.gnupg.parent / f"{repos.gnupg.name}-other"
+    repos.make(foreign, built.out, gnupg=other_key, formats="apt")
+    chroot.path(APT_SOURCE).write_text(chroot.path(APT_SOURCE).read_text().replace("/tampered/", "/foreign/"))
+    update = chroot.run("apt-get", "update", check=False, timeout=APT_TIMEOUT)
+    output = update.stdout + update.stderr
+    assert update.returncode != 0 and "NO_PUBKEY" in output and "is not signed" in output, output
+    assert chroot.run("apt-get", "install", "-y", "-q", "migratorydata", check=False).returncode != 0
+
+
+@pytest.mark.timeout(REPO_TEST_TIMEOUT + BUILD_TIMEOUT)
+def test_apt_upgrade_from_the_repository_keeps_an_edited_config(
+    repos: Repos, built: Built, upgrade: Built, chroot: Chroot
+) -> None:
+    published = repos.www / "upgrade"
+    shutil.copytree(repos.path, published)
+    use_apt_repo(chroot, repos, "upgrade", debian=False)
+    chroot.run("apt-get", "update", timeout=APT_TIMEOUT)
+    chroot.run("apt-get", "install", "-y", "-q", "migratorydata", timeout=APT_TIMEOUT)
+    conf = chroot.path(CONF)
+    conf.write_text(conf.read_text().replace("#LogLevel = INFO", "LogLevel = DEBUG"))
+    repos.make(published, upgrade.out)  # the next release published into the same repository
+    chroot.run("apt-get", "update", timeout=APT_TIMEOUT)
+    out = chroot.run("apt-get", "upgrade", "-y", "-q", timeout=APT_TIMEOUT)
+    assert "Setting up migratorydata" in out.stdout, out.stdout
+    assert chroot.run("dpkg-query", "-W", "-f=${Version}", "migratorydata").stdout == UPGRADE_VERSION
+    assert "\nLogLevel = DEBUG\n" in conf.read_text() and not chroot.path(CONF + ".dpkg-dist").exists()
+    chroot.run("migratory", "config", "check", CONF)
+
+
+# The Debian chroot, described to rpm: what the RPMs require and Debian provides (dnf sees rpm's database only).
+ROOT_PROVIDES_SPEC = """\
+Name: debian-root-provides
+Version: 12
+Release: 1
+Summary: What this Debian bookworm root provides, for rpm's database
+License: none
+BuildArch: noarch
+Provides: python3.11, shadow-utils, systemd, jre-17-headless, /bin/sh
+%description
+The test chroot is Debian: python3.11, useradd, systemd and OpenJDK 17 come from its own packages.
+%files
+"""
+
+
+@pytest.mark.timeout(REPO_TEST_TIMEOUT)
+@pytest.mark.skipif(shutil.which("dnf") is None or shutil.which("rpmbuild") is None, reason="needs dnf and rpmbuild")
+def test_dnf_installs_both_from_the_signed_yum_repository_and_analyzes_the_logs(
+    repos: Repos, chroot: Chroot, tmp_path: Path
+) -> None:
+    """dnf --installroot (Debian's dnf) with gpgcheck and repo_gpgcheck, into the Debian chroot."""
+    chroot.cache_apt()  # Java 17 from Debian, as the root's own runtime
+    chroot.run("apt-get", "update", timeout=APT_TIMEOUT)
+    chroot.run(
+        "apt-get", "install", "-y", "-q", "--no-install-recommends", "openjdk-17-jre-headless", timeout=APT_TIMEOUT
+    )
+    spec = tmp_path / "root.spec"
+    spec.write_text(ROOT_PROVIDES_SPEC)
+    sh("rpmbuild", "-bb", "--quiet", "--define", f"_topdir {tmp_path / 'rpmbuild'}", str(spec))
+    stub = next((tmp_path / "rpmbuild" / "RPMS").rglob("*.rpm"))
+    rpm = ["rpm", "--root", str(chroot.root)]
+    sh(*rpm, "--initdb")
+    sh(*rpm, "-i", str(stub))
+    repo_file = chroot.path("/etc/yum.repos.d/migratorydata.repo")
+    repo_file.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(repos.path / "migratorydata.repo", repo_file)
+    dnf = ["dnf", f"--installroot={chroot.root}", "--releasever=9", "--setopt=install_weak_deps=False", "-y"]
+    sh(*dnf, "install", "migratorydata", "migratorydata-analytics", timeout=APT_TIMEOUT)
+    assert "gpg-pubkey-" in sh(*rpm, "-qa").stdout  # dnf imported the repository's key, as it asks to
+    installed = sh(*rpm, "-q", "--qf", "%{NAME} %{VERSION}\n", "migratorydata", "migratorydata-analytics").stdout
+    assert installed.split("\n")[:2] == [f"migratorydata {VERSION}", f"migratorydata-analytics {VERSION}"]
+    assert (
+        "signatures OK" in sh(*rpm, "-K", str(next((repos.path / "yum" / "Packages").glob("migratorydata-0*")))).stdout
+    )
+    assert chroot.run("getent", "passwd", "migratorydata").stdout.split(":")[5] == "/var/lib/migratorydata"
+    serve_publish_and_analyze(chroot, RPM_UNIT)
