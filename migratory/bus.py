@@ -160,6 +160,7 @@ class SyncSubject:
 
     state: SubjectSync
     more: bool = False
+    fence: int = 0  # the sending member's epoch of the subject's group (0: a worker's or agent's own state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +215,7 @@ class TableFrame:
     version: int
     members: tuple[int, ...]
     epochs: tuple[int, ...]
+    admitted: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,6 +380,7 @@ def _encode_body(frame: BusFrame) -> bytes:
             _s(state.subject),
             _Q.pack(state.epoch),
             _Q.pack(state.seq),
+            _Q.pack(frame.fence),
         ]
         if snap is not None:
             parts += [_Q.pack(snap.seq), _Q.pack(snap.epoch), _map(snap.fields), _b(snap.content)]
@@ -406,7 +409,8 @@ def _encode_body(frame: BusFrame) -> bytes:
             )
         )
     if isinstance(frame, TableFrame):
-        return _head(Kind.TABLE) + _Q.pack(frame.version) + _ints(frame.members) + _ints(frame.epochs)
+        head = _head(Kind.TABLE) + _Q.pack(frame.version)
+        return head + _ints(frame.members) + _ints(frame.epochs) + _ints(frame.admitted)
     if isinstance(frame, SyncRequest):
         flags = frame.everything | frame.reply << 1
         return _head(Kind.SYNC_REQUEST, flags) + _Q.pack(frame.request) + _pairs(frame.fence)
@@ -525,6 +529,7 @@ def decode(body: bytes) -> BusFrame:
         subject = c.text()
         epoch = c.u64()
         seq = c.u64()
+        fence = c.u64()
         snapshot = None
         if flag & 1:
             snap_seq = c.u64()
@@ -532,7 +537,7 @@ def decode(body: bytes) -> BusFrame:
             snap_fields = c.mapping()
             snapshot = Snapshot(subject, c.raw(), snap_fields, snap_seq, snap_epoch)
         entries = tuple(c.entry() for _ in range(c.count(29)))
-        frame = SyncSubject(SubjectSync(subject, epoch, seq, snapshot, entries), bool(flag & 2))
+        frame = SyncSubject(SubjectSync(subject, epoch, seq, snapshot, entries), bool(flag & 2), fence)
     elif kind == Kind.HELLO:
         worker = c.u64()
         frame = Hello(worker, c.raw())
@@ -557,7 +562,8 @@ def decode(body: bytes) -> BusFrame:
     elif kind == Kind.TABLE:
         version = c.u64()
         members = c.ints()
-        frame = TableFrame(version, members, c.ints())
+        epochs = c.ints()
+        frame = TableFrame(version, members, epochs, c.ints())
     elif kind == Kind.SYNC_REQUEST:
         request = c.u64()
         frame = SyncRequest(request, c.pairs(), bool(flag & 1), bool(flag & 2))

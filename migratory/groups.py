@@ -69,9 +69,20 @@ class Table:
     version: int = 0
     members: tuple[int, ...] = ()
     epochs: tuple[int, ...] = (0,) * GROUPS
+    admitted: tuple[int, ...] = ()  # per member (same order): the version that last added it
 
     def owner(self, group: int, size: int) -> int:
         return owner_of(self.epochs[group], size)
+
+    def admitted_at(self, member: int) -> int:
+        """The version that last added ``member`` (0: not a member, or a table without the record).
+
+        A member holding an older table than that was left out and taken back in between,
+        whether or not it saw the table that left it out (members adopt only the newest).
+        """
+        if member not in self.members or len(self.admitted) != len(self.members):
+            return 0
+        return self.admitted[self.members.index(member)]
 
 
 def assign(table: Table, live: Sequence[int], size: int) -> Table:
@@ -91,4 +102,6 @@ def assign(table: Table, live: Sequence[int], size: int) -> Table:
             epochs[group] = epoch_for(wanted, size, top)
     if members == table.members and tuple(epochs) == table.epochs:
         return table
-    return Table(table.version + 1, members, tuple(epochs))
+    version = table.version + 1
+    admitted = tuple(table.admitted_at(m) or version if m in table.members else version for m in members)
+    return Table(version, members, tuple(epochs), admitted)

@@ -132,21 +132,21 @@ class _Unacked:
     sent: float = 0.0  # when it was last sent to the other members
 
 
-def _chunks(state: SubjectSync) -> Iterable[SyncSubject]:
-    """One subject's state as frames of at most about SYNC_CHUNK_BYTES each."""
+def _chunks(state: SubjectSync, fence: int = 0) -> Iterable[SyncSubject]:
+    """One subject's state as frames of at most about SYNC_CHUNK_BYTES each, sent under epoch ``fence``."""
     entries = state.entries
     if not entries:
-        yield SyncSubject(state)
+        yield SyncSubject(state, False, fence)
         return
     start, size = 0, 0
     for i, entry in enumerate(entries):
         size += len(entry.content) + 64
         if size >= SYNC_CHUNK_BYTES and i + 1 < len(entries):
             yield SyncSubject(
-                SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start : i + 1]), True
+                SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start : i + 1]), True, fence
             )
             start, size = i + 1, 0
-    yield SyncSubject(SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start:]))
+    yield SyncSubject(SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start:]), False, fence)
 
 
 class Member:
@@ -175,6 +175,8 @@ class Member:
         self._waiting: list[_Pending] = []  # publications with no reachable coordinator yet
         self._unacked: dict[str, deque[_Unacked]] = {}
         self._unacked_ids: dict[str, tuple[str, int, int]] = {}  # publish id -> (subject, epoch, seq), in flight
+        self._handover: dict[int, list[Published]] = {}  # group -> unconfirmed when fenced, until a claimant asks
+        self._expect_admission = True  # the next table that adds us is the one we wait for (not a missed exclusion)
         self._join: tuple[int, int] | None = None  # (request, peer) of the full sync in progress
         self._held: list[tuple[int, BusFrame]] = []  # live frames that arrived while joining
         self._partial: dict[tuple[int, str], list[Entry]] = {}
@@ -193,6 +195,7 @@ class Member:
                 "resyncs",
                 "syncs_served",
                 "stale_dropped",
+                "readmitted",
                 "claims",
                 "acks_in",
                 "publish_failed",
@@ -228,7 +231,7 @@ class Member:
         for subject in subjects:
             state = self.replica.sync(subject)
             if state is not None:
-                for frame in _chunks(state):
+                for frame in _chunks(state, self.epochs[group_of(subject)]):
                     send(frame)
 
     # --- links ------------------------------------------------------------------------
@@ -241,7 +244,7 @@ class Member:
             if total:
                 self.wire.to_peer(member, Interest(subject, total))
         if self.s.guaranteed and self.table.version and self.me < self.s.seeds:
-            self.wire.to_peer(member, TableFrame(self.table.version, self.table.members, self.table.epochs))
+            self.wire.to_peer(member, self._table_frame())
         if self.ready:
             self._announce(member, [g for g in range(GROUPS) if self.active[g]])
         for claim in self._claims.values():
@@ -334,7 +337,7 @@ class Member:
         elif isinstance(frame, SyncDone):
             self._sync_done(member, frame, now)
         elif isinstance(frame, TableFrame):
-            self.set_table(Table(frame.version, frame.members, frame.epochs), now)
+            self.set_table(Table(frame.version, frame.members, frame.epochs, frame.admitted), now)
 
     def _heartbeat(self, peer: _Peer, beat: Heartbeat, now: float) -> None:
         was_ready = peer.ready
@@ -391,6 +394,10 @@ class Member:
     def _sync_subject(self, member: int, frame: SyncSubject, now: float) -> None:
         state = frame.state
         key = (member, state.subject)
+        if self._stale_sender(member, frame):
+            self._partial.pop(key, None)
+            self.counters["stale_dropped"] += 1
+            return
         if frame.more:
             self._partial.setdefault(key, []).extend(state.entries)
             return
@@ -398,6 +405,17 @@ class Member:
         if earlier:
             state = SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, (*earlier, *state.entries))
         self._merge(state, now)
+
+    def _stale_sender(self, member: int, frame: SyncSubject) -> bool:
+        """Guaranteed mode: state from a member still behind this group's epoch (a coordinator that was
+        cut off and not yet told) may hold messages it numbered that no second member confirmed and that
+        the group's new coordinator never gathered: they must not enter the history. A claimant's gather
+        and a join are answered under the asker's epoch or a newer one, so they pass."""
+        if not self.s.guaranteed or member < 0 or not frame.fence:
+            return False
+        if self._join is not None and self._join[1] == member:
+            return False
+        return frame.fence < self.epochs[group_of(frame.state.subject)]
 
     def _merge(self, state: SubjectSync, now: float) -> None:
         merged = self.replica.merge(state, now)
@@ -414,6 +432,11 @@ class Member:
             self._drain_waiting(now)
         if not request.reply:
             return
+        for group, _ in request.fence:
+            # our state goes to the claimant, with what we numbered and nobody confirmed: from now on it is
+            # part of the group's history, so our subscribers get it too
+            for frame in self._handover.pop(group, ()):
+                self.wire.to_workers(frame)
         self.counters["syncs_served"] += 1
         subjects = self.replica.subjects() if request.everything else self._subjects_of(g for g, _ in request.fence)
         self._send_state(lambda f: self.wire.to_peer(member, f), subjects)
@@ -452,12 +475,13 @@ class Member:
     def _step_down(self, group: int, now: float) -> None:
         """Another member now coordinates ``group``: hand over what was under way here."""
         for subject in [s for s in self._unacked if group_of(s) == group]:
-            # The new coordinator fenced us and waits for our state, which holds these
-            # messages: they carry over into its epoch. Deliver them here; their publishers
-            # hear FAILED and may retry with the same publish id (found in the caches).
+            # If the new coordinator waits for our state (we are in its table), these messages
+            # carry over into its epoch: they reach our workers when we answer its request. If it
+            # did not wait (we were cut off and left out), they are dropped with our state. Either
+            # way their publishers hear FAILED and may retry with the same publish id.
             for item in self._unacked.pop(subject):
                 self._unacked_ids.pop(item.frame.publish_id, None)
-                self.wire.to_workers(item.frame)
+                self._handover.setdefault(group, []).append(item.frame)
                 for waiter in item.waiters:
                     self._answer(waiter, Status.FAILED, "the coordinator changed; retry with the same publish id")
         self._drain_waiting(now)
@@ -471,6 +495,9 @@ class Member:
 
     def _claim(self, groups: dict[int, int], members: Iterable[int], now: float) -> None:
         """Become coordinator of ``groups`` at the given epochs: fence everyone, gather, merge."""
+        groups = {g: e for g, e in groups.items() if e >= self.epochs[g]}  # never back to an older epoch
+        if not groups:
+            return
         for group, epoch in groups.items():
             self._fence(group, epoch, now)
             self.epochs[group] = epoch
@@ -511,17 +538,29 @@ class Member:
         if wanted:
             self._claim(wanted, view, now)
 
+    def _table_frame(self) -> TableFrame:
+        table = self.table
+        return TableFrame(table.version, table.members, table.epochs, table.admitted)
+
     def set_table(self, table: Table, now: float) -> None:
         """Guaranteed mode: adopt a newer table from the seed members' consensus."""
         if table.version <= self.table.version:
             return
         old, self.table = self.table, table
         if self.me < self.s.seeds:
-            frame = TableFrame(table.version, table.members, table.epochs)
+            frame = self._table_frame()
             for member in self.peers:
                 self.wire.to_peer(member, frame)
-        if self.ready and self.me in old.members and self.me not in table.members:
-            self._dropped(now)
+        if self.ready and self.me in old.members:
+            if self.me not in table.members:
+                self._dropped(now)
+            elif table.admitted_at(self.me) > old.version and not self._expect_admission:
+                # left out and taken back in by tables we never saw (we adopt only the newest): meanwhile
+                # our groups moved on without us, and what we numbered alone must not stay
+                self.counters["readmitted"] += 1
+                self._dropped(now)
+        if self.me in table.members and table.admitted_at(self.me) > old.version:
+            self._expect_admission = False
         claimed: dict[int, int] = {}
         for group, epoch in enumerate(table.epochs):
             if epoch > self.epochs[group]:
@@ -540,6 +579,8 @@ class Member:
         self.ready = False
         self.replica = Replica(self.replica.cache_size, self.replica.cache_ttl)
         self._unacked_ids.clear()
+        self._handover.clear()
+        self._expect_admission = True  # the leader will take us back in once we are ready again
         for subject in list(self._unacked):
             for item in self._unacked.pop(subject):
                 for waiter in item.waiters:

@@ -43,18 +43,20 @@ class _TableStore(SyncObj):  # type: ignore[misc]
 
     def __init__(self, self_address: str, partners: list[str], conf: SyncObjConf) -> None:
         super().__init__(self_address, partners, conf)
-        self._table: tuple[int, tuple[int, ...], tuple[int, ...]] = (0, (), (0,) * GROUPS)
+        self._table: tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]] = (0, (), (0,) * GROUPS, ())
 
     @replicated  # type: ignore[untyped-decorator]
-    def put(self, version: int, members: tuple[int, ...], epochs: tuple[int, ...]) -> bool:
+    def put(
+        self, version: int, members: tuple[int, ...], epochs: tuple[int, ...], admitted: tuple[int, ...] = ()
+    ) -> bool:
         if version != self._table[0] + 1:
             return False  # proposed on an outdated table: the leader will propose again
-        self._table = (version, tuple(members), tuple(epochs))
+        self._table = (version, tuple(members), tuple(epochs), tuple(admitted))
         return True
 
     def table(self) -> Table:
-        version, members, epochs = self._table
-        return Table(version, members, epochs)
+        version, members, epochs, admitted = self._table
+        return Table(version, members, epochs, admitted)
 
 
 class SeedConsensus:
@@ -100,7 +102,9 @@ class SeedConsensus:
         proposal = assign(member.table, member.live_members(), self.size)
         if proposal.version != member.table.version:
             self._proposing = True
-            self.store.put(proposal.version, proposal.members, proposal.epochs, callback=self._proposed)
+            self.store.put(
+                proposal.version, proposal.members, proposal.epochs, proposal.admitted, callback=self._proposed
+            )
 
     def _proposed(self, result: Any, error: Any) -> None:
         """Called on PySyncObj's thread; the next step proposes again if this one lost."""
