@@ -637,7 +637,12 @@ class Member:
                 self._totals.pop(subject, None)
             self._interest_dirty.add(subject)  # sent to the peers at the next tick, once however often it changed
 
-    def _flush_interest(self) -> None:
+    @property
+    def interest_pending(self) -> bool:
+        return bool(self._interest_dirty)
+
+    def flush_interest(self) -> None:
+        """Send the subscriber counts that changed since the last flush (the agent calls it once per loop turn)."""
         dirty, self._interest_dirty = self._interest_dirty, set()
         for subject in dirty:
             frame = Interest(subject, self._totals.get(subject, 0))
@@ -752,7 +757,7 @@ class Member:
     def tick(self, now: float) -> None:
         """Heartbeats, failure detection, time-outs, cache expiry, and starting alone."""
         if self._interest_dirty:
-            self._flush_interest()
+            self.flush_interest()
         interval = self.s.heartbeat_interval
         if now - self._last_beat >= interval:
             self._last_beat = now

@@ -117,7 +117,7 @@ async def serve_agent(
         range(workers),
         namespace,
         secret,
-        on_frame=lambda frame, worker: member().on_worker_frame(worker, frame, loop.time()),
+        on_frame=lambda frame, worker: worker_frame(worker, frame),
         on_link_up=lambda worker: member().worker_up(worker),
         on_link_down=lambda worker: member().worker_down(worker),
     )
@@ -129,6 +129,20 @@ async def serve_agent(
         on_frame=lambda j, frame: member().on_peer_frame(j, frame, loop.time()),
     )
     machine = holder["m"] = Member(settings, _Wire(bus, links), loop.time())
+    flush_armed = False
+
+    def flush_interest() -> None:
+        nonlocal flush_armed
+        flush_armed = False
+        member().flush_interest()
+
+    def worker_frame(worker: int, frame: b.BusFrame) -> None:
+        """Subscriber counts reach the other members once per loop turn, however many changed in it."""
+        nonlocal flush_armed
+        member().on_worker_frame(worker, frame, loop.time())
+        if not flush_armed and member().interest_pending:
+            flush_armed = True
+            loop.call_soon(flush_interest)
 
     def status() -> Mapping[str, Any]:
         totals = counters.totals() if counters is not None else {}
