@@ -196,6 +196,7 @@ class Member:
                 "syncs_served",
                 "stale_dropped",
                 "readmitted",
+                "conflicts",
                 "claims",
                 "acks_in",
                 "publish_failed",
@@ -369,6 +370,12 @@ class Member:
         if outcome is not Applied.DUPLICATE:
             self.counters["replicated_in"] += 1
             self.wire.to_workers(frame)
+        elif self.s.guaranteed and self.replica.epoch_of(frame.subject, frame.seq) not in (None, frame.epoch):
+            # we hold another message under this number: never confirm a copy we do not have; start over
+            self.counters["conflicts"] += 1
+            if self.ready:
+                self._dropped(now)
+            return
         if self.s.guaranteed:
             self.wire.to_peer(member, Ack(frame.subject, frame.epoch, frame.seq))
 

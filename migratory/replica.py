@@ -141,6 +141,19 @@ class Replica:
         state = self._states.get(subject)
         return (state.epoch, state.seq) if state is not None else (0, 0)
 
+    def epoch_of(self, subject: str, seq: int) -> int | None:
+        """The epoch of message ``seq`` of ``subject`` if this replica still knows it (position or cache)."""
+        state = self._states.get(subject)
+        if state is None:
+            return None
+        if seq == state.seq:
+            return state.epoch
+        if state.cache:
+            at = _find(tuple(entry for _, entry in state.cache), seq)
+            if at is not None:
+                return state.cache[at][1].epoch
+        return None
+
     def subjects(self) -> list[str]:
         """Every subject with a position (published at least once)."""
         return list(self._states)

@@ -8,8 +8,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from migratory import bus as b
 from migratory.groups import GROUPS, Table, group_of
 from migratory.protocol import Status
+from migratory.replica import Entry
 from tests.member_sim import Net
 
 
@@ -352,3 +354,23 @@ def test_guaranteed_a_member_left_out_and_taken_back_unseen_starts_over() -> Non
     assert not member.ready and member.counters["readmitted"] == 1
     net.run(5)  # it rejoins from a ready member, and the tables go on
     assert member.ready and 2 in net.table.members
+
+
+def test_guaranteed_a_member_never_confirms_a_message_it_holds_under_another_epoch() -> None:
+    """Two messages under one number is a broken history: confirming the second would count a copy that
+    does not exist, so the member stays silent, starts over and rejoins."""
+    net = started(3, guaranteed=True)
+    group = next(g for g, owner in owners(net).items() if owner == 1)
+    subject = subjects_of_group(group)[0]
+    net.publish(0, subject, b"one", "id-1")
+    net.run(1)
+    member = net.members[2]
+    epoch, seq = member.replica.position(subject)
+    member.epochs[group] = epoch + 3  # as if a newer coordinator of the group had fenced it
+    before = len(net.queue)
+    other = b.Published.of(subject, Entry(epoch + 3, seq, b"two", {}, True, "id-2"), True)
+    member.on_peer_frame(1, other, net.now)
+    assert not any(isinstance(f, b.Ack) for *_, f in list(net.queue)[before:])
+    assert member.counters["conflicts"] == 1 and not member.ready
+    net.run(5)
+    assert member.ready
