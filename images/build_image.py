@@ -167,13 +167,13 @@ def kvm_boots(image: Path, timeout: float = 90.0) -> bool:
             proc.wait()
 
 
-def accelerator(choice: str, image: Path | None = None) -> str:
-    """kvm when asked for or, with auto, when KVM works (and boots image, when given); tcg otherwise."""
+def accelerator(choice: str, image: Path | None = None, timeout: float = 90.0) -> str:
+    """kvm when asked for or, with auto, when KVM works (and boots image within timeout, when given); tcg otherwise."""
     if choice != "auto":
         return choice
     if not kvm_works():
         return "tcg"
-    return "kvm" if image is None or kvm_boots(image) else "tcg"
+    return "kvm" if image is None or kvm_boots(image, timeout) else "tcg"
 
 
 def packer_vars(args: argparse.Namespace, conf: Path, ports: list[int], accel: str) -> list[str]:

@@ -24,6 +24,7 @@ its own message rather than the whole test at an arbitrary point.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import http.server
@@ -32,6 +33,7 @@ import io
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -54,21 +56,35 @@ from migratory.client import MigratoryClient
 from migratory.protocol import Status
 from tests.conftest import free_port, wait_for_port
 
-# Step timeouts (seconds, a loaded 2-core machine with a cold cache), and the tests' sums of them.
-BUILD_TIMEOUT = 1200  # build_packages.py: the core venv from PyPI, DEB, RPM
-ANALYTICS_BUILD_TIMEOUT = 2400  # the core staged again, PySpark and its dependencies, two 0.9 GB packages
-ROOTFS_TIMEOUT = 1800  # debootstrap of the test chroot, once per cache
-APT_TIMEOUT = 900  # apt-get update and install from Debian's mirror (Java 17 for the analytics)
-ANALYSIS_TIMEOUT = 900  # `migratory logs analyze`: JVM start and the report
-BASE_IMAGE_TIMEOUT = 2400  # images/base_image.py: debootstrap with a kernel, mkfs, extlinux
-PACKER_TIMEOUT = 3600  # packer build: boot the base disk, install the DEB, shut down (TCG: software emulation)
-BOOT_TIMEOUT = 900  # the built image until /health answers
-MARGIN = 600
-TEST_TIMEOUT = 2 * BUILD_TIMEOUT + ROOTFS_TIMEOUT + APT_TIMEOUT + MARGIN
-REPO_TEST_TIMEOUT = (
-    BUILD_TIMEOUT + ANALYTICS_BUILD_TIMEOUT + ROOTFS_TIMEOUT + 2 * APT_TIMEOUT + ANALYSIS_TIMEOUT + MARGIN
+# Step timeouts (seconds): several times what each takes on a loaded 2-core machine with a cold
+# cache, so a slow machine passes and a stuck step fails with its own message (sh: the command and
+# the end of its output). A test's pytest timeout is the sum of the steps it may wait for, session
+# fixtures included, capped so that a hang is reported well inside a 90-minute CI run.
+BUILD_TIMEOUT = 900  # build_packages.py: the core venv from PyPI, DEB, RPM (about 2 min warm)
+ANALYTICS_BUILD_TIMEOUT = 1800  # the core staged again, PySpark and its dependencies, two 0.9 GB packages
+ROOTFS_TIMEOUT = 1200  # debootstrap of the test chroot, once per cache
+APT_TIMEOUT = 600  # apt-get update and install from Debian's mirror (Java 17 for the analytics)
+ANALYSIS_TIMEOUT = 600  # `migratory logs analyze`: JVM start and the report
+BASE_IMAGE_TIMEOUT = 1200  # images/base_image.py: debootstrap with a kernel, mkfs, extlinux, once per cache
+KVM_PROBE_TIMEOUT = 90  # build_image.kvm_boots: a throwaway KVM boot of the base image
+PACKER_TIMEOUT = 1500  # packer build: boot the base disk, install the DEB, shut down (TCG: about 4 min)
+BOOT_TIMEOUT = 600  # the built image until /health answers (TCG: about 1 min)
+MARGIN = 300
+TEST_CAP = 2700  # no test waits longer than 45 minutes
+
+
+def budget(*steps: int) -> int:
+    return min(sum(steps) + MARGIN, TEST_CAP)
+
+
+TEST_TIMEOUT = budget(BUILD_TIMEOUT, BUILD_TIMEOUT, ROOTFS_TIMEOUT, APT_TIMEOUT)
+REPO_TEST_TIMEOUT = budget(
+    BUILD_TIMEOUT, ANALYTICS_BUILD_TIMEOUT, ROOTFS_TIMEOUT, APT_TIMEOUT, APT_TIMEOUT, ANALYSIS_TIMEOUT
 )
-IMAGE_TEST_TIMEOUT = BUILD_TIMEOUT + BASE_IMAGE_TIMEOUT + PACKER_TIMEOUT + BOOT_TIMEOUT + MARGIN
+REPO_UPGRADE_TEST_TIMEOUT = budget(
+    BUILD_TIMEOUT, BUILD_TIMEOUT, ANALYTICS_BUILD_TIMEOUT, ROOTFS_TIMEOUT, 4 * APT_TIMEOUT
+)
+IMAGE_TEST_TIMEOUT = budget(BUILD_TIMEOUT, BASE_IMAGE_TIMEOUT, KVM_PROBE_TIMEOUT, PACKER_TIMEOUT, BOOT_TIMEOUT)
 
 pytestmark = [
     pytest.mark.slow,
@@ -96,11 +112,48 @@ UPGRADE_VERSION = f"{VERSION}+1"
 CAP_NET_BIND_SERVICE = 1 << 10
 
 
+def tail(text: str, chars: int = 4000) -> str:
+    """The end of a command's output or a console log, without its terminal colours."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    return text if len(text) <= chars else f"[... {len(text) - chars} characters before]\n{text[-chars:]}"
+
+
 def sh(*args: str, check: bool = True, timeout: float = 600, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, **kwargs)  # type: ignore[call-overload]
+    """args run in a process group of their own, stdin empty.
+
+    On its timeout, or the test's (pytest-timeout), the whole group is killed, Packer's qemu and
+    apt's children included, and a timeout fails with the command and the end of its output.
+    """
+    proc = subprocess.Popen(  # type: ignore[call-overload]
+        list(args),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException as err:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # something outside the group holds the pipes
+            proc.kill()
+            stdout, stderr = "", "(output lost: the pipes stayed open after the process group was killed)"
+        if isinstance(err, subprocess.TimeoutExpired):
+            raise AssertionError(
+                f"{shlex.join(args)} timed out after {timeout:.0f} s:\n{tail(stdout)}\n{tail(stderr)}"
+            ) from None
+        # the test's own timeout (or ^C): pytest shows this captured output with the failure
+        print(f"{shlex.join(args)} interrupted:\n{tail(stdout)}\n{tail(stderr)}", file=sys.stderr)
+        raise
+    done = subprocess.CompletedProcess(list(args), proc.returncode, stdout, stderr)
     if check and done.returncode != 0:
         raise AssertionError(f"{shlex.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
-    return done  # type: ignore[no-any-return]
+    return done
 
 
 @dataclass(frozen=True)
@@ -622,7 +675,7 @@ def image_accelerator(base: Path) -> str:
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("build_image", module)
     spec.loader.exec_module(module)
-    return str(module.accelerator("auto", base))
+    return str(module.accelerator("auto", base, KVM_PROBE_TIMEOUT))
 
 
 @pytest.fixture(scope="session")
@@ -667,34 +720,46 @@ def test_image_builds_boots_and_serves(built: Built, base_image: tuple[Path, Pat
     done = sh(
         sys.executable, str(IMAGE_WRAPPER), "build", *common, "--output", str(out), check=False, timeout=PACKER_TIMEOUT
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    packer = f"packer build ({accel}, exit {done.returncode}):\n{tail(done.stdout, 6000)}\n{tail(done.stderr, 2000)}"
+    assert done.returncode == 0, packer
     print(f"image built with {accel} in {time.monotonic() - started:.0f} s")
     image = out / "migratorydata.qcow2"
-    assert image.is_file()
+    assert image.is_file(), packer
     web, ssh_port = free_port(), free_port()
     forwards = f"hostfwd=tcp:127.0.0.1:{web}-:8800,hostfwd=tcp:127.0.0.1:{ssh_port}-:22"
     console = tmp_path / "console.log"
-    qemu = subprocess.Popen(
-        [
-            *("qemu-system-x86_64", "-accel", accel, "-m", "1024", "-smp", "2", "-nographic", "-snapshot"),
-            *("-drive", f"file={image},if=virtio,format=qcow2"),
-            *("-netdev", f"user,id=n0,{forwards}", "-device", "virtio-net-pci,netdev=n0"),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=console.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    with console.open("wb") as sink:
+        qemu = subprocess.Popen(
+            [
+                *("qemu-system-x86_64", "-accel", accel, "-m", "1024", "-smp", "2", "-nographic", "-snapshot"),
+                *("-drive", f"file={image},if=virtio,format=qcow2"),
+                *("-netdev", f"user,id=n0,{forwards}", "-device", "virtio-net-pci,netdev=n0"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+
+    def evidence(what: str) -> str:
+        """What a CI log needs to tell why: the VM's console (boot, systemd, the service) and Packer's build."""
+        booted = f"{time.monotonic() - boot_started:.0f} s after qemu ({accel}) started"
+        state = "running" if qemu.poll() is None else f"exited {qemu.returncode}"
+        console_tail = tail(console.read_text(errors="replace"), 5000)
+        return f"{what}, {booted}, qemu {state}\n--- VM console (tail) ---\n{console_tail}\n--- {packer}"
+
+    boot_started = time.monotonic()
     try:
-        deadline = time.monotonic() + BOOT_TIMEOUT
-        health = ""
+        deadline = boot_started + BOOT_TIMEOUT
+        health, last_error = "", "no answer yet"
         while time.monotonic() < deadline and qemu.poll() is None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{web}/health", timeout=5) as answer:
                     health = answer.read().decode()
                     break
-            except OSError:
+            except OSError as err:
+                last_error = repr(err)
                 time.sleep(2)
-        assert '"status":"ok"' in health, console.read_text(errors="replace")[-3000:]
+        assert '"status":"ok"' in health, evidence(f"/health answered {health!r} (last error: {last_error})")
 
         async def outside_in() -> bytes:
             """From this machine: subscribe (allowed to anyone) and publish (refused: not loopback, as packaged);
@@ -710,7 +775,7 @@ def test_image_builds_boots_and_serves(built: Built, base_image: tuple[Path, Pat
 
         assert asyncio.run(outside_in()) == b"from the image"
         state = ssh(ssh_port, key, "systemctl is-enabled migratorydata nftables; systemctl is-active migratorydata")
-        assert state.stdout.split() == ["enabled", "enabled", "active"], state.stdout + state.stderr
+        assert state.stdout.split() == ["enabled", "enabled", "active"], evidence(f"{state.stdout!r} {state.stderr!r}")
         user = ssh(ssh_port, key, "ps -o user= -p $(systemctl show -p MainPID --value migratorydata)")
         assert user.stdout.strip() == "migratorydata", user.stdout + user.stderr
         rules = ssh(ssh_port, key, "nft list chain inet filter input")
@@ -897,7 +962,7 @@ def test_apt_refuses_a_tampered_package_and_a_foreign_signature(repos: Repos, bu
     assert chroot.run("apt-get", "install", "-y", "-q", "migratorydata", check=False).returncode != 0
 
 
-@pytest.mark.timeout(REPO_TEST_TIMEOUT + BUILD_TIMEOUT)
+@pytest.mark.timeout(REPO_UPGRADE_TEST_TIMEOUT)
 def test_apt_upgrade_from_the_repository_keeps_an_edited_config(
     repos: Repos, built: Built, upgrade: Built, chroot: Chroot
 ) -> None:
