@@ -76,8 +76,7 @@ def config_ports(conf: Path) -> list[int]:
         config = Config.from_file(conf)
     except ConfigError as err:
         raise InputError(f"{conf} is not a valid configuration:\n{err}") from err
-    monitor_tls = getattr(config, "monitor_listen_encrypted", ())
-    endpoints = [*config.listen, *config.listen_encrypted, *config.monitor_listen, *monitor_tls]
+    endpoints = [*config.listen, *config.listen_encrypted, *config.monitor_listen, *config.monitor_listen_encrypted]
     return sorted({e.port for e in endpoints if not loopback(e.host)})
 
 
