@@ -51,7 +51,10 @@ def test_the_servers_own_logs(server_factory: Callable[..., ServerProcess], spar
             for _ in range(5):
                 await reader.next_message(timeout=5)
             await writer.publish("/live/nobody", "x")
+            writer.max_message_size = 0  # past the client's own check: the server denies and logs it
             await writer.publish("/live/a", b"x" * 4096)  # over MessageSizeLimit
+            # connected over a second's end: the per-second count is the one at the end of each second
+            await asyncio.sleep(1.1)
 
     asyncio.run(traffic_())
     assert server.stop() == 0

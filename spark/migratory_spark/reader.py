@@ -30,7 +30,7 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 from migratory_spark import SCHEMA_VERSION
 from migratory_spark.schema import ACCESS_SCHEMA, CORRUPT, MESSAGE_SCHEMA
@@ -40,6 +40,7 @@ __all__ = [
     "COMPRESSED",
     "EXAMPLE_CHARS",
     "MESSAGE_COLUMNS",
+    "STATES",
     "LogFrames",
     "corrupt_rows",
     "escape_example",
@@ -81,9 +82,10 @@ class LogFrames:
     """The parsed logs: good access and message rows in the period, and what was left out.
 
     ``overview`` has one row per file kind, node, state (``good``, ``outside`` the
-    period, ``corrupt``) and event: ``lines``, ``first``/``last`` second and, for
-    corrupt lines, ``example`` (the raw bytes of the smallest one, cut). One
-    collect of it reads and persists the logs and answers every count.
+    period, ``corrupt``) and event with ``lines`` and the ``first``/``last`` second,
+    and one more per kind and node with corrupt lines, with only their ``example``
+    (the raw bytes of the smallest one, cut). One collect of it reads and persists
+    the logs and answers every count.
     """
 
     access: DataFrame
@@ -209,22 +211,28 @@ def parse_lines(lines: DataFrame, schema: StructType) -> DataFrame:
     )
 
 
+# the line's state, cached as a small number: 0 good, 1 outside --since/--until, 2 corrupt, 3 blank (ignored)
+STATES = ("good", "outside", "corrupt", "blank")
+_GOOD, _OUTSIDE, _CORRUPT, _BLANK = range(4)
+
+
 def _read_kind(
     spark: SparkSession,
     files: dict[str, list[str]],
+    nodes: Sequence[str],
     schema: StructType,
     keep: Sequence[str],
     since: datetime | None,
     until: datetime | None,
 ) -> DataFrame:
-    """One kind of log, parsed and flagged: ``state`` is ``good``, ``outside`` (the period), ``corrupt`` or
-    ``blank`` (ignored)."""
+    """One kind of log, parsed and flagged: ``node_id`` (index in ``nodes``) and ``state`` (see :data:`STATES`)."""
     lines: DataFrame | None = None
     for node, paths in files.items():  # one read per node: the node is a constant, not parsed from each path
-        read = spark.read.option("lineSep", "\n").text(paths).select("value", F.lit(node).alias("node"))
+        read = spark.read.option("lineSep", "\n").text(paths)
+        read = read.select("value", F.lit(nodes.index(node)).cast("int").alias("node_id"))
         lines = read if lines is None else lines.unionByName(read)
     if lines is None:
-        empty = StructType([StructField("value", StringType()), StructField("node", StringType())])
+        empty = StructType([StructField("value", StringType()), StructField("node_id", IntegerType())])
         lines = spark.createDataFrame([], empty)
     rows = parse_lines(lines, schema)
     inside = F.lit(True)
@@ -232,10 +240,17 @@ def _read_kind(
         inside = inside & (F.col("time") >= F.lit(since))
     if until is not None:
         inside = inside & (F.col("time") < F.lit(until))
-    state = F.when(F.col("blank"), "blank").when(F.col("bad"), "corrupt").when(inside, "good").otherwise("outside")
+    state = (F.when(F.col("blank"), _BLANK).when(F.col("bad"), _CORRUPT).when(inside, _GOOD).otherwise(_OUTSIDE)).cast(
+        "byte"
+    )
     example = F.when(F.col("bad"), F.substring(F.col("value").cast("binary"), 1, _EXAMPLE_BYTES))
-    extra = [F.concat_ws("|", "node", "session").alias("session_key")] if "session" in keep else []
-    return rows.select("node", state.alias("state"), "second", *keep, *extra, example.alias("example"))
+    return rows.select("node_id", state.alias("state"), "second", *keep, example.alias("example"))
+
+
+def _names(codes: Column, names: Sequence[str]) -> Column:
+    """0, 1, ... -> the names (as a lookup in a literal array)."""
+    values = [F.lit(name) for name in names] or [F.lit(None).cast("string")]
+    return F.element_at(F.array(*values), codes.cast("int") + 1)
 
 
 def read_logs(
@@ -248,31 +263,49 @@ def read_logs(
     """Parse every node's logs once; with ``persist`` the parse is kept for all analyses.
 
     Only the columns the analyses read are kept (:data:`ACCESS_COLUMNS`,
-    :data:`MESSAGE_COLUMNS`, plus ``node``, ``second`` and ``time``, the second
-    the line was logged in as a timestamp).
+    :data:`MESSAGE_COLUMNS`, plus ``second``, a node number and the line's state as
+    small numbers); ``node``, ``time`` (the second the line was logged in, as a
+    timestamp) and ``session_key`` are computed when read.
     """
     access_files, access_skipped = log_files(dirs, "access.log")
     message_files, message_skipped = log_files(dirs, "message.log")
-    access = _read_kind(spark, access_files, ACCESS_SCHEMA, ACCESS_COLUMNS, since, until)
-    messages = _read_kind(spark, message_files, MESSAGE_SCHEMA, MESSAGE_COLUMNS, since, until)
+    nodes = list(dict.fromkeys([*access_files, *message_files]))
+    access = _read_kind(spark, access_files, nodes, ACCESS_SCHEMA, ACCESS_COLUMNS, since, until)
+    messages = _read_kind(spark, message_files, nodes, MESSAGE_SCHEMA, MESSAGE_COLUMNS, since, until)
     persisted: tuple[DataFrame, ...] = ()
     if persist:
         access = access.persist(StorageLevel.MEMORY_AND_DISK)
         messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
         persisted = (access, messages)
-    columns = ["node", "state", "second", "example"]
+    columns = ["node_id", "state", "second", "example"]
     no_event = F.lit(None).cast("string").alias("event")
-    overview = (
+    lines = (
         access.select(F.lit("access").alias("kind"), *columns, "event")
         .unionByName(messages.select(F.lit("message").alias("kind"), *columns, no_event))
-        .where(F.col("state") != "blank")
-        .groupBy("kind", "node", "state", F.when(F.col("state") == "good", F.col("event")).alias("event"))
-        .agg(
-            F.count(F.lit(1)).alias("lines"),
-            F.min("second").alias("first"),
-            F.max("second").alias("last"),
-            F.min("example").alias("example"),
-        )
+        .where(F.col("state") != _BLANK)
+    )
+    # counts with fixed-width buffers (a hash aggregation); the examples, a variable-width minimum that
+    # would make Spark sort every line, only over the corrupt ones
+    event = F.when(F.col("state") == _GOOD, F.col("event")).alias("event")
+    counts = lines.groupBy("kind", "node_id", "state", event).agg(
+        F.count(F.lit(1)).alias("lines"),
+        F.min("second").alias("first"),
+        F.max("second").alias("last"),
+    )
+    examples = (
+        lines.where(F.col("state") == _CORRUPT)
+        .groupBy("kind", "node_id", "state")
+        .agg(F.min("example").alias("example"))
+    )
+    overview = counts.unionByName(examples, allowMissingColumns=True).select(
+        "kind",
+        _names(F.col("node_id"), nodes).alias("node"),
+        _names(F.col("state"), STATES).alias("state"),
+        "event",
+        "lines",
+        "first",
+        "last",
+        "example",
     )
     corrupt = (
         overview.where(F.col("state") == "corrupt")
@@ -280,9 +313,11 @@ def read_logs(
         .agg(F.sum("lines").alias("lines"), F.min("example").alias("example"))
     )
     time = F.timestamp_seconds("second").alias("time")
+    node = _names(F.col("node_id"), nodes).alias("node")
+    session_key = F.concat_ws("|", node, F.col("session")).alias("session_key")
     return LogFrames(
-        access=access.where(F.col("state") == "good").select("node", time, "second", *ACCESS_COLUMNS, "session_key"),
-        messages=messages.where(F.col("state") == "good").select("node", time, "second", *MESSAGE_COLUMNS),
+        access=access.where(F.col("state") == _GOOD).select(node, time, "second", *ACCESS_COLUMNS, session_key),
+        messages=messages.where(F.col("state") == _GOOD).select(node, time, "second", *MESSAGE_COLUMNS),
         corrupt=corrupt,
         overview=overview,
         skipped=sorted(access_skipped + message_skipped),

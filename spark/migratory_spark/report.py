@@ -257,7 +257,7 @@ class Overview:
         last: int | None = None
         bad: dict[tuple[str, str], dict[str, Any]] = {}
         for row in rows:
-            count = int(row["lines"])
+            count = int(row["lines"] or 0)
             if row["state"] == "corrupt":
                 lines["corrupt"] += count
                 key = (row["kind"], row["node"])
