@@ -9,12 +9,14 @@ SIGKILL or SIGSTOP one member (its supervisor, agent and workers) as a whole.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -78,6 +80,13 @@ class MemberProcess:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def _end_with_harness() -> None:
+    """In the member's process before exec: SIGTERM when the harness dies, even by SIGKILL (its own session
+    would otherwise outlive it, and a later run on the same addresses would meet it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class LocalCluster:
@@ -156,6 +165,9 @@ class LocalCluster:
                 stderr=err,
                 env=dict(os.environ, PYTHONUNBUFFERED="1"),
                 start_new_session=True,
+                # the kernel's parent-death signal follows the starting *thread*: only the main thread's lives as
+                # long as the harness (a restart from an executor thread is stopped by the harness's own exit)
+                preexec_fn=_end_with_harness if threading.current_thread() is threading.main_thread() else None,
             )
         return member
 
