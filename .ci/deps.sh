@@ -40,6 +40,8 @@ command -v gpg >/dev/null 2>&1 || need+=(gnupg)
 command -v gpgv >/dev/null 2>&1 || need+=(gpgv)
 command -v createrepo_c >/dev/null 2>&1 || need+=(createrepo-c)
 command -v dnf >/dev/null 2>&1 || need+=(dnf)
+# promtool (in Debian's prometheus package) checks the /metrics exposition as Prometheus itself parses it
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})" >&2
