@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import html
 import io
+import json
 import math
 import statistics
 from collections import Counter
@@ -15,9 +17,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from migratory_spark import bench, charts, latency, report, security, sessions, subjects, traffic
+from migratory_spark import stats as server_stats
 from migratory_spark.console import NOT_ENOUGH_HISTORY, render
 from migratory_spark.reader import EXAMPLE_CHARS, LogFrames, parse_lines, read_logs
-from migratory_spark.schema import ACCESS_SCHEMA
+from migratory_spark.schema import ACCESS_SCHEMA, STATS_INDICATORS, STATS_WINDOWS
 from pyspark.sql import DataFrame, SparkSession
 from rich.console import Console
 
@@ -32,6 +35,7 @@ from tests.spark_fixtures import (
     known_logs,
     quiet_logs,
     reference_series,
+    stamp,
 )
 
 pytestmark = pytest.mark.slow
@@ -96,6 +100,79 @@ def test_missing_folder_is_a_clear_error(spark: SparkSession, tmp_path: Path) ->
 def test_session_runs_in_utc_with_ansi_mode(spark: SparkSession) -> None:
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
     assert spark.conf.get("spark.sql.ansi.enabled") == "true"
+
+
+# --- stats.log ----------------------------------------------------------------------------
+
+
+def _stats_line(second: int, server: str, epoch: int, clients: float, messages: float) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "v": 1,
+        "ts": stamp(second, 3),
+        "event": "stats",
+        "node": server,
+        "epoch": epoch,
+        "uptime_s": second - T0,
+        "history_s": second - T0,
+    }
+    for n, name in enumerate(STATS_INDICATORS):
+        value = clients if name == "connected_clients" else messages * (n + 1)
+        record[name] = {"current": value, **{w: value + i for i, w in enumerate(STATS_WINDOWS)}}
+    record["totals"] = {"connections": int(clients), "messages_in": int(messages) * 60}
+    record["denied"] = {"entitlement": 2} if clients > 3 else {}
+    return record
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    data = "".join(line + "\n" for line in lines).encode()
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+
+
+def test_stats_log_rotations_and_corrupt_lines_per_node(spark: SparkSession, tmp_path: Path) -> None:
+    """stats.log and its rotations (.gz too) per node; a corrupt line is counted like the others', never fatal;
+    a node without stats.log (an older server) has none and is still read."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    older = [_stats_line(T0 + 60 * i, "member-1", 7, i, 10.5) for i in range(1, 3)]
+    newer = [_stats_line(T0 + 60 * i, "member-1", 8, i, 20.0) for i in range(3, 6)]
+    _write(a / "stats.log.1.gz", [json.dumps(r) for r in older])
+    corrupt = [
+        '{"v":1,"ts":"' + stamp(T0 + 400) + '","event":"stats","node":',  # cut short
+        '{"v":1,"ts":"' + stamp(T0 + 401) + '","event":"stats","connected_clients":{"current":"many"}}',
+        '{"v":2,"ts":"' + stamp(T0 + 402) + '","event":"stats"}',  # a schema this reader does not know
+    ]
+    _write(a / "stats.log", [json.dumps(newer[0]), *corrupt, "", json.dumps(newer[1]), json.dumps(newer[2])])
+    (a / "stats.log.bak").write_text("not read\n")
+    (b / "access.log").write_text(
+        json.dumps({"v": 1, "ts": stamp(T0 + 5), "event": "connect", "session": "1-0-1", "addr": "10.0.0.1"}) + "\n"
+    )
+    frames = read_logs(spark, [str(a), str(b)], persist=False)
+    assert [(r["kind"], r["lines"]) for r in frames.corrupt.collect()] == [("stats", 3)]
+    assert frames.skipped == [str(a / "stats.log.bak")]
+    got = sorted(rows(server_stats.stats_per_node(frames.stats)), key=lambda r: r["second"])
+    expected = older + newer
+    assert [r["second"] for r in got] == [T0 + 60 * i for i in range(1, 6)]
+    for row, record in zip(got, expected, strict=True):
+        assert (row["node"], row["server"], row["epoch"]) == (str(a), "member-1", record["epoch"])
+        for name in STATS_INDICATORS:
+            assert row[name] == record[name]["current"]
+            assert row[f"{name}_15m_avg"] == record[name]["15m_avg"]
+        assert row["totals"] == record["totals"] and row["denied"] == record["denied"]
+        assert str(row["date"]) == "2026-11-02"
+    nodes = server_stats.stats_nodes(server_stats.stats_per_node(frames.stats)).collect()
+    assert len(nodes) == 1
+    node = nodes[0]
+    assert (node["lines"], node["epochs"], node["connected_clients_max"]) == (5, 2, 5.0)
+    assert node["messages_in_per_second_avg"] == pytest.approx((2 * 10.5 * 4 + 3 * 20.0 * 4) / 5)
+    series = server_stats.stats_series(server_stats.stats_per_node(frames.stats), "minute").collect()
+    assert [r["connected_clients"] for r in series] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    # the period applies as to the other logs
+    since = read_logs(spark, [str(a)], since=datetime.fromtimestamp(T0 + 180, UTC), persist=False)
+    assert since.stats.count() == 3
 
 
 # --- traffic ----------------------------------------------------------------------------
@@ -300,7 +377,7 @@ def test_logs_without_denials_or_message_log_give_a_full_report(spark: SparkSess
     out = tmp_path / "report"
     summary = report.run(spark, report.Options(dirs=quiet_logs(tmp_path), out=str(out)))
     assert (out / "summary.json").is_file() and (out / "report.html").is_file()
-    assert summary["lines"] == {"access": 3, "message": 0, "corrupt": 0}
+    assert summary["lines"] == {"access": 3, "message": 0, "stats": 0, "corrupt": 0}
     tables = summary["tables"]
     assert set(tables) == set(report.TABLES)
     empty = {name for name, info in tables.items() if info["empty"]}
@@ -310,6 +387,8 @@ def test_logs_without_denials_or_message_log_give_a_full_report(spark: SparkSess
         "latency_per_minute",
         "traffic_per_minute",
         "http_requests",
+        "stats_per_node",  # no stats.log: an older server, or Stats.LogInterval 0
+        "stats_nodes",
     } <= empty
     assert not tables["indicators_per_second"]["empty"] and not tables["subject_stats"]["empty"]
     for name in empty:  # every reader gets the schema back, partitioned or not
@@ -325,9 +404,17 @@ def test_logs_without_denials_or_message_log_give_a_full_report(spark: SparkSess
         "denied",
         "date",
     }
+    stats_columns = spark.read.parquet(str(out / "parquet" / "stats_per_node")).columns
+    assert {"node", "server", "time", "epoch", "connected_clients", "bytes_out_per_second_15m_avg", "totals"} <= set(
+        stats_columns
+    )
+    assert summary["stats"]["note"] == report.NO_STATS and summary["stats"]["series"] == []
+    assert "stats" not in summary["outputs"]["charts"]
     assert summary["security"]["denied"] == 0 and summary["http"]["requests"] == 0
-    assert "empty tables" in _render(summary)
-    assert "empty (schema only)" in (out / "report.html").read_text()
+    text = _render(summary)
+    assert "empty tables" in text and f"stats.log: {report.NO_STATS}" in text
+    page = (out / "report.html").read_text()
+    assert "empty (schema only)" in page and html.escape(report.NO_STATS) in page
 
 
 def test_terminal_report_prints_subjects_as_written(hostile_report: tuple[dict[str, Any], Path]) -> None:

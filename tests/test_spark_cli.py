@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import re
@@ -15,13 +16,18 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import migratory_spark
+import pyarrow.parquet as pq
 import pytest
-from migratory_spark import security, sessions, subjects, traffic
+from migratory_spark import report, security, sessions, subjects, traffic
+from migratory_spark.console import render
 from migratory_spark.generate import GenerateResult, generate
 from migratory_spark.reader import read_logs
+from migratory_spark.schema import STATS_INDICATORS, STATS_WINDOWS
 from pyspark.sql import SparkSession
+from rich.console import Console
 
 from migratory.client import MigratoryClient
 from tests.conftest import ServerProcess, free_port, wait_for_port
@@ -35,13 +41,16 @@ SUBMIT_PY = Path(migratory_spark.__file__).parent / "submit.py"
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> GenerateResult:
-    # two nodes, just over an hour each: one reconnect storm and two corrupt lines per node
+    # two nodes, almost an hour each: one reconnect storm per node, and one corrupt line in each stats.log
     return generate(str(tmp_path_factory.mktemp("gen")), 4_000_000, nodes=2, publish_rate=5, clients=100)
 
 
-def test_the_servers_own_logs(server_factory: Callable[..., ServerProcess], spark: SparkSession) -> None:
-    """What the server writes is what the jobs read: one session of real traffic, analysed."""
-    server = server_factory({"MessageSizeLimit": "1K"})
+def test_the_servers_own_logs(
+    server_factory: Callable[..., ServerProcess], spark: SparkSession, tmp_path: Path
+) -> None:
+    """What the server writes is what the jobs read: one session of real traffic, analysed, and the stats.log
+    it wrote meanwhile (Stats.LogInterval 1) in the report's table, summary and chart."""
+    server = server_factory({"MessageSizeLimit": "1K", "Stats.LogInterval": "1", "MonitorPushInterval": "0"})
 
     async def traffic_() -> None:
         async with MigratoryClient([server.ws_url]) as reader, MigratoryClient([server.ws_url]) as writer:
@@ -53,8 +62,9 @@ def test_the_servers_own_logs(server_factory: Callable[..., ServerProcess], spar
             await writer.publish("/live/nobody", "x")
             writer.max_message_size = 0  # past the client's own check: the server denies and logs it
             await writer.publish("/live/a", b"x" * 4096)  # over MessageSizeLimit
-            # connected over a second's end: the per-second count is the one at the end of each second
-            await asyncio.sleep(1.1)
+            # connected over a second's end (the per-second count is the one at the end of each second) and
+            # over two lines of stats.log at least
+            await asyncio.sleep(2.5)
 
     asyncio.run(traffic_())
     assert server.stop() == 0
@@ -70,6 +80,48 @@ def test_the_servers_own_logs(server_factory: Callable[..., ServerProcess], spar
     series = traffic.indicators_per_second(frames.access, frames.messages, spark)
     assert series.agg({"connected_clients": "max"}).first()[0] == 2  # type: ignore[index]
     assert series.orderBy("second", ascending=False).first()["connected_clients"] == 0  # type: ignore[index]
+    _stats_log_in_the_report(server, spark, tmp_path)
+
+
+def _stats_log_in_the_report(server: ServerProcess, spark: SparkSession, tmp_path: Path) -> None:
+    """Every line the server wrote to stats.log is in the report: Parquet, summary, chart, HTML, terminal."""
+    written = [json.loads(line) for line in (server.log_folder / "stats.log").read_text().splitlines()]
+    assert len(written) >= 2 and max(r["connected_clients"]["current"] for r in written) == 2
+    out = tmp_path / "report"
+    summary = report.run(spark, report.Options(dirs=[str(server.log_folder)], out=str(out)))
+    assert summary["lines"]["stats"] == len(written) and summary["lines"]["corrupt"] == 0
+    stats = summary["stats"]
+    assert stats["note"] is None
+    assert [(n["server"], n["lines"], n["connected_clients_max"]) for n in stats["nodes"]] == [
+        ("node", len(written), 2.0)
+    ]
+    table = sorted(pq.read_table(out / "parquet" / "stats_per_node").to_pylist(), key=lambda r: r["second"])
+    assert len(table) == len(written)
+    for row, record in zip(table, written, strict=True):
+        assert row["time"].strftime("%Y-%m-%dT%H:%M:%S") == record["ts"][:19]
+        assert (row["server"], row["epoch"], row["uptime_s"]) == ("node", record["epoch"], record["uptime_s"])
+        for name in STATS_INDICATORS:
+            assert row[name] == record[name]["current"], name
+            for window in STATS_WINDOWS:
+                assert row[f"{name}_{window}"] == record[name][window], (name, window)
+        assert dict(row["totals"]) == record["totals"]
+    # the chart is drawn from the series: per second of the lines, the server's figures
+    by_second: dict[str, list[dict[str, Any]]] = {}
+    for record in written:
+        by_second.setdefault(record["ts"][:19] + "Z", []).append(record)
+    assert stats["series_unit"] == "second"
+    assert [p["start"] for p in stats["series"]] == sorted(by_second)
+    for point in stats["series"]:
+        records = by_second[point["start"]]
+        for name in STATS_INDICATORS:
+            assert point[name] == pytest.approx(sum(r[name]["current"] for r in records) / len(records)), name
+    chart = Path(summary["outputs"]["charts"]["stats"])
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (out / "report.html").read_text()
+    assert "Server statistics (stats.log)" in page and 'alt="stats"' in page
+    text = io.StringIO()
+    render(summary, Console(file=text, width=300, color_system=None))
+    assert f"Server statistics per node (stats.log, {len(written)} lines)" in text.getvalue()
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -94,14 +146,29 @@ def test_cli_report(generated: GenerateResult, tmp_path: Path) -> None:
         "Reconnect storms",
         "Denied requests by reason",
         "HTTP requests by endpoint and status",
+        f"Server statistics per node (stats.log, {generated.stats_lines} lines)",
     ):
         assert title in result.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["lines"] == {
         "access": generated.access_lines,
         "message": generated.message_lines,
+        "stats": generated.stats_lines,
         "corrupt": generated.corrupt_lines,
     }
+    assert [(r["kind"], r["lines"]) for r in summary["corrupt"]] == [("stats", 1), ("stats", 1)]
+    # stats.log: every generated line, per node, in the table and the summary
+    nodes = {n["node"]: n for n in summary["stats"]["nodes"]}
+    assert set(nodes) == {os.path.abspath(f) for f in generated.folders}
+    assert {n["server"] for n in nodes.values()} == {"member-1", "member-2"}
+    assert sum(n["lines"] for n in nodes.values()) == generated.stats_lines
+    table = pq.read_table(out / "parquet" / "stats_per_node").to_pylist()
+    logged = {(r["folder"], r["ts"][:19]): r for r in generated.stats}
+    assert len(table) == len(logged) == generated.stats_lines
+    for row in table:
+        record = logged[(row["node"], row["time"].strftime("%Y-%m-%dT%H:%M:%S"))]
+        assert row["messages_in_per_second_5m_avg"] == record["messages_in_per_second"]["5m_avg"]  # type: ignore[index]
+        assert row["connected_clients"] == record["connected_clients"]["current"]  # type: ignore[index]
     assert summary["traffic"]["totals"]["messages_in"] == generated.message_lines
     assert summary["sessions"]["reconnect_storm_addresses"] == 2  # one storm per node, each from its own address
     assert len(summary["subjects"]["top_by_publications"]) == 5
@@ -111,7 +178,17 @@ def test_cli_report(generated: GenerateResult, tmp_path: Path) -> None:
     assert list((out / "parquet" / "traffic_per_minute").glob("date=2026-11-02/*.parquet"))
     assert list((out / "parquet" / "subject_stats").glob("*.parquet"))
     charts = summary["outputs"]["charts"]
-    assert set(charts) == {"traffic", "concurrency", "latency", "top_subjects", "fanout", "durations", "denied", "http"}
+    assert set(charts) == {
+        "traffic",
+        "concurrency",
+        "latency",
+        "stats",
+        "top_subjects",
+        "fanout",
+        "durations",
+        "denied",
+        "http",
+    }
     assert summary["http"]["requests"] > 0 and {r["status"] for r in summary["http"]["by_status"]} >= {200, 400}
     tables = summary["tables"]
     assert not any(tables[name]["empty"] for name in ("http_requests", "denied_over_time", "indicator_history"))

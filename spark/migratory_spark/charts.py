@@ -130,6 +130,72 @@ def _latency(summary: dict[str, Any], path: str) -> str | None:
     return _save(fig, path)
 
 
+# the stats chart's panels: (title, the indicators drawn, the log-derived series drawn beside them)
+_STATS_PANELS = (
+    ("connected clients", ("connected_clients",), (("concurrency", "avg", "clients (access log)"),)),
+    ("connections per second", ("connections_per_second", "disconnections_per_second"), ()),
+    (
+        "messages per second",
+        ("messages_in_per_second", "messages_out_per_second"),
+        (("traffic", "messages_in", "in (message log)"), ("traffic", "messages_out", "out (message log)")),
+    ),
+    (
+        "bytes per second",
+        ("bytes_in_per_second", "bytes_out_per_second"),
+        (("traffic", "bytes_in", "in (message log)"), ("traffic", "bytes_out", "out (message log)")),
+    ),
+)
+_UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def _stats(summary: dict[str, Any], path: str) -> str | None:
+    """stats.log: each indicator per node (solid), beside the same figure rebuilt from the access and
+    message logs over all nodes (dashed, black; per second)."""
+    stats = summary.get("stats") or {}
+    rows = stats.get("series") or []
+    if not rows:
+        return None
+    nodes: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        nodes.setdefault((row["node"], row["server"]), []).append(row)
+    several = len({node for node, _ in nodes}) > 1
+    unit = summary["period"]["series_unit"]
+    per = _UNIT_SECONDS.get(unit, 60)
+    logs = {
+        "traffic": summary["traffic"]["series"] if summary["lines"]["message"] else [],
+        "concurrency": summary["sessions"]["concurrency"],
+    }
+    fig, axes = plt.subplots(len(_STATS_PANELS), 1, figsize=(10, 2.6 * len(_STATS_PANELS)), sharex=True)
+    for ax, (title, indicators, beside) in zip(axes, _STATS_PANELS, strict=True):
+        for (node, server), series in nodes.items():
+            times = _times(series)
+            name = f"{os.path.basename(node.rstrip('/')) or node} {server}" if several else server
+            for indicator in indicators:
+                short = indicator.removesuffix("_per_second").replace("_", " ")
+                label = plain(f"{name}: {short}") if len(indicators) > 1 or several else plain(name)
+                ax.plot(times, [r[indicator] for r in series], label=label, marker=_marker(series))
+        for source, column, label in beside:
+            log_rows = [r for r in logs[source] if r.get(column) is not None]
+            if not log_rows:
+                continue
+            scale = 1.0 if source == "concurrency" else 1.0 / per
+            ax.plot(
+                _times(log_rows),
+                [r[column] * scale for r in log_rows],
+                label=label,
+                color="black",
+                linestyle="--" if column.endswith("in") or source == "concurrency" else ":",
+                linewidth=1,
+            )
+        if "bytes" in title or "messages" in title:
+            ax.set_yscale("symlog", linthresh=1)
+        ax.set_ylabel(title)
+        ax.legend(loc="upper left", fontsize="small")
+        _time_axis(ax)
+    axes[0].set_title(f"Server statistics (stats.log, per {stats.get('series_unit', 'minute')}) beside the logs (UTC)")
+    return _save(fig, path)
+
+
 def _bars(rows: list[dict[str, Any]], label: str, value: str, title: str, path: str, horizontal: bool) -> str | None:
     if not rows:
         return None
@@ -190,6 +256,7 @@ def draw_all(summary: dict[str, Any], folder: str) -> dict[str, str]:
         "traffic": _traffic(summary, os.path.join(folder, "traffic.png")),
         "concurrency": _concurrency(summary, os.path.join(folder, "concurrency.png")),
         "latency": _latency(summary, os.path.join(folder, "latency.png")),
+        "stats": _stats(summary, os.path.join(folder, "stats.png")),
         "top_subjects": _bars(
             subjects["top_by_publications"][:15],
             "subject",

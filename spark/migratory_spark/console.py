@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["NOT_ENOUGH_HISTORY", "indicator_rows", "render"]
+__all__ = ["NOT_ENOUGH_HISTORY", "STATS_NODE_COLUMNS", "indicator_rows", "render", "stats_node_rows"]
 
 NOT_ENOUGH_HISTORY = "not enough history"
 
@@ -69,6 +69,28 @@ def indicator_rows(summary: dict[str, Any], windows: Sequence[str]) -> list[dict
     return rows
 
 
+# the stats.log table per node: its lines and, of every indicator, the largest and average value logged
+STATS_NODE_COLUMNS = (
+    "node",
+    "server",
+    "lines",
+    "first",
+    "last",
+    "epochs",
+    "connected_clients_max",
+    "connections_per_second_max",
+    "messages_in_per_second_avg",
+    "messages_out_per_second_avg",
+    "bytes_in_per_second_avg",
+    "bytes_out_per_second_avg",
+)
+
+
+def stats_node_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stats.log rows per node (an empty list for a summary without them)."""
+    return list((summary.get("stats") or {}).get("nodes") or [])
+
+
 def _endpoint(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "method": row.get("method") or "", "path": row.get("path") or "(unparsed)"}
 
@@ -85,11 +107,23 @@ def render(summary: dict[str, Any], console: Console | None = None, top: int = 1
     lines = summary["lines"]
     out.print(
         f"access lines: {lines['access']:,}  message lines: {lines['message']:,}  "
-        f"corrupt lines (skipped): {lines['corrupt']:,}"
+        f"stats lines: {lines.get('stats', 0):,}  corrupt lines (skipped): {lines['corrupt']:,}"
     )
     if summary["corrupt"]:
         out.print(_table("Corrupt lines", summary["corrupt"], ["kind", "node", "lines", "example"]))
     out.print(_table("Traffic totals", [summary["traffic"]["totals"]]))
+    stats = summary.get("stats")
+    if stats is not None:
+        if stats.get("note"):
+            _line(f"stats.log: {stats['note']}", out)
+        else:
+            out.print(
+                _table(
+                    f"Server statistics per node (stats.log, {stats['lines']:,} lines)",
+                    stats_node_rows(summary),
+                    STATS_NODE_COLUMNS,
+                )
+            )
     out.print(
         _table(
             "Indicators over the last windows",

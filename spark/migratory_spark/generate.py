@@ -6,17 +6,20 @@ than to rare ones (Zipf-like), publications follow a daily rhythm with fan-out
 from the subject's popularity and a long-tailed latency, a trickle of denied
 requests, HTTP requests (health checks, publishes, snapshots, a few answered
 with an error before their head was parsed), one reconnect storm per hour and
-a few corrupt lines. Lines are formatted by hand (not ``json.dumps``) so that
+a few corrupt lines; and stats.log, the server's own figures of that traffic
+every minute (one corrupt line in it per node). Lines are formatted by hand (not ``json.dumps``) so that
 gigabytes take seconds to write. Deterministic for a given seed.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import os
 import random
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 __all__ = ["GenerateResult", "generate"]
@@ -63,6 +66,8 @@ class GenerateResult:
     bytes: int
     first: datetime
     last: datetime
+    stats_lines: int = 0  # good stats.log lines (its corrupt ones are in corrupt_lines)
+    stats: list[dict[str, object]] = field(default_factory=list, repr=False)  # every good stats.log line
 
 
 def _stamp(second: int, ms: int) -> str:
@@ -109,13 +114,16 @@ def generate(
             {
                 "access": _Rotating(folder, "access.log", rotate_bytes),
                 "message": _Rotating(folder, "message.log", rotate_bytes),
+                "stats": _Rotating(folder, "stats.log", rotate_bytes),
             }
         )
     per_node = size_bytes / nodes
     access_lines = message_lines = corrupt_lines = 0
     last_second = first_second
+    stats_written: list[dict[str, object]] = []
     for node, files in enumerate(writers):
         access, message = files["access"], files["message"]
+        figures = _Figures(files["stats"], "node" if nodes == 1 else f"member-{node + 1}", 1_700_000_000 + node)
         epoch = 1_700_000_000 + node
         listener = f"10.0.{node}.1:443"
         plain_listener = f"10.0.{node}.1:80"
@@ -142,6 +150,8 @@ def generate(
                         leaving, (second + 1, ms, session, storm_addr, 20000 + k, plain_listener, second, False)
                     )
                     access_lines += 1
+                figures.now["connections_per_second"] += 40
+            figures.now["connections_per_second"] += arrivals
             for _ in range(arrivals):
                 counter += 1
                 session = f"{epoch}-{counter % 2}-{counter}"
@@ -163,6 +173,7 @@ def generate(
                 heapq.heappush(leaving, (second + max(1, duration), ms, session, addr, port, lst, second, tls))
             while leaving and leaving[0][0] <= second:
                 end, ms, session, addr, port, lst, began, tls = heapq.heappop(leaving)
+                figures.now["disconnections_per_second"] += 1
                 reason = _choice(rng, _REASONS)
                 common = f'"session":"{session}","addr":"{addr}","port":{port},"listener":"{lst}","protocol":"{"wss" if tls else "ws"}","tls":{"true" if tls else "false"}'
                 access.write(
@@ -193,6 +204,7 @@ def generate(
                     f'"subject":{subject}}}\n'
                 )
                 access_lines += 1
+                figures.denied[code] = figures.denied.get(code, 0) + 1
             publications = max(0, int(rng.gauss(publish_rate * load, math.sqrt(publish_rate))))
             lines = []
             for _ in range(publications):
@@ -202,6 +214,7 @@ def generate(
                 status = "OK" if recipients else "NO_SUBSCRIBER"
                 latency = int(rng.lognormvariate(3.5, 0.8)) + recipients // 4
                 counter += 1
+                figures.publication(size, recipients, recipients * (size + 40))
                 lines.append(
                     f'{{"v":1,"ts":"{_stamp(second, rng.randrange(1000))}","event":"publish","subject":"{names[index]}",'
                     f'"size":{size},"fields":{rng.randrange(4)},"addr":"10.250.0.{node + 1}","port":40000,'
@@ -214,10 +227,15 @@ def generate(
             if second % 7200 == 3600:
                 access.write('{"v":1,"ts":"not a time","event":"connect"}\n{"truncated\n')
                 corrupt_lines += 2
+            figures.now["connected_clients"] = len(leaving)
+            if figures.second(second, first_second):
+                corrupt_lines += 1
             last_second = max(last_second, second)
             second += 1
         access.close()
         message.close()
+        figures.file.close()
+        stats_written.extend(figures.written)
     total = sum(f["access"].total + f["message"].total for f in writers)
     return GenerateResult(
         folders=folders,
@@ -227,6 +245,8 @@ def generate(
         bytes=total,
         first=begin,
         last=datetime.fromtimestamp(last_second, UTC),
+        stats_lines=len(stats_written),
+        stats=stats_written,
     )
 
 
@@ -278,3 +298,76 @@ class _Rotating:
 
     def close(self) -> None:
         self.handle.close()
+
+
+_STATS_INDICATORS = (
+    "connected_clients",
+    "connections_per_second",
+    "disconnections_per_second",
+    "messages_in_per_second",
+    "messages_out_per_second",
+    "bytes_in_per_second",
+    "bytes_out_per_second",
+)
+_STATS_TOTALS = (
+    ("connections_total", "connections_per_second"),
+    ("messages_in", "messages_in_per_second"),
+    ("messages_out", "messages_out_per_second"),
+    ("bytes_in", "bytes_in_per_second"),
+    ("bytes_out", "bytes_out_per_second"),
+)
+
+
+class _Figures:
+    """A node's own statistics of the generated traffic, written to stats.log as the server does (docs/logs.md):
+    every minute, each indicator's last second and its maxima and averages over 1, 5 and 15 minutes."""
+
+    def __init__(self, file: _Rotating, server: str, epoch: int) -> None:
+        self.file, self.server, self.epoch = file, server, epoch
+        self.now: dict[str, float] = dict.fromkeys(_STATS_INDICATORS, 0.0)
+        self.history: deque[dict[str, float]] = deque(maxlen=900)
+        self.totals: dict[str, int] = {name: 0 for name, _ in _STATS_TOTALS}
+        self.denied: dict[str, int] = {}
+        self.written: list[dict[str, object]] = []
+
+    def publication(self, size: int, recipients: int, bytes_out: int) -> None:
+        now = self.now
+        now["messages_in_per_second"] += 1
+        now["messages_out_per_second"] += recipients
+        now["bytes_in_per_second"] += size
+        now["bytes_out_per_second"] += bytes_out
+
+    def second(self, second: int, first_second: int) -> bool:
+        """Close the second; on a minute, write the stats line. True when a corrupt line was written too."""
+        self.history.append(self.now)
+        for total, indicator in _STATS_TOTALS:
+            self.totals[total] += int(self.now[indicator])
+        self.now = dict.fromkeys(_STATS_INDICATORS, 0.0)
+        self.now["connected_clients"] = self.history[-1]["connected_clients"]
+        if second % 60 != 59:
+            return False
+        history = list(self.history)
+        record: dict[str, object] = {
+            "v": 1,
+            "ts": _stamp(second, 0),
+            "event": "stats",
+            "node": self.server,
+            "epoch": self.epoch,
+            "uptime_s": second + 1 - first_second,
+            "history_s": second + 1 - first_second,
+        }
+        for name in _STATS_INDICATORS:
+            figures: dict[str, float] = {"current": history[-1][name]}
+            for window, seconds in (("1m", 60), ("5m", 300), ("15m", 900)):
+                values = [row[name] for row in history[-seconds:]]
+                figures[f"{window}_max"] = max(values)
+                figures[f"{window}_avg"] = round(sum(values) / len(values), 3)
+            record[name] = figures
+        record["totals"] = {"connections": int(history[-1]["connected_clients"]), **self.totals}
+        record["denied"] = {code: count for code, count in sorted(self.denied.items()) if count}
+        self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self.written.append({**record, "folder": os.path.abspath(os.path.dirname(self.file.path))})
+        if second % 3600 == 1859:  # once an hour, a line cut short (a disk that filled up)
+            self.file.write('{"v":1,"ts":"' + _stamp(second, 1) + '","event":"stats","node":\n')
+            return True
+        return False

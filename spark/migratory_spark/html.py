@@ -66,6 +66,23 @@ def _partial_note(summary: dict[str, Any]) -> str:
     return f'<p class="muted">Charts per {unit}; grey bands: a first or last {unit} the logs cover only in part.</p>'
 
 
+def _stats(summary: dict[str, Any], charts: dict[str, str]) -> str:
+    from migratory_spark.console import STATS_NODE_COLUMNS, stats_node_rows
+
+    stats = summary.get("stats")
+    if stats is None:
+        return ""
+    head = "<h3>Server statistics (stats.log)</h3>"
+    if stats.get("note"):
+        return f'{head}<p class="muted">{html.escape(stats["note"])}</p>'
+    unit = html.escape(stats.get("series_unit", "minute"))
+    text = (
+        f"<p>{_cell(stats['lines'])} lines, per node; charted per {unit} beside the same figures rebuilt from "
+        "the access and message logs (black, all nodes).</p>"
+    )
+    return head + text + _image(charts, "stats") + _table(stats_node_rows(summary), STATS_NODE_COLUMNS)
+
+
 def _endpoints(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**r, "method": r.get("method") or "", "path": r.get("path") or "(unparsed)"} for r in rows]
 
@@ -109,6 +126,7 @@ def write_report(summary: dict[str, Any], path: str) -> str:
         _table([summary["traffic"]["totals"]]),
         _partial_note(summary),
         _image(charts, "traffic"),
+        _stats(summary, charts),
         "<h3>Monitoring indicators over the last windows</h3>",
         _indicators(summary),
         "<h2>Subjects</h2>",

@@ -1,4 +1,4 @@
-"""Read access.log and message.log (their rotations, gzipped or not) into typed frames.
+"""Read access.log, message.log and stats.log (their rotations, gzipped or not) into typed frames.
 
 Lines are split on ``\\n`` only (a stray ``\\r`` stays inside its line) and each one
 must be exactly one JSON object of the explicit schema. A line that is not JSON,
@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 from migratory_spark import SCHEMA_VERSION
-from migratory_spark.schema import ACCESS_SCHEMA, CORRUPT, MESSAGE_SCHEMA
+from migratory_spark.schema import ACCESS_SCHEMA, CORRUPT, MESSAGE_SCHEMA, STATS_INDICATORS, STATS_SCHEMA
 
 __all__ = [
     "ACCESS_COLUMNS",
@@ -41,6 +41,7 @@ __all__ = [
     "EXAMPLE_CHARS",
     "MESSAGE_COLUMNS",
     "STATES",
+    "STATS_COLUMNS",
     "LogFrames",
     "corrupt_rows",
     "escape_example",
@@ -75,11 +76,13 @@ ACCESS_COLUMNS = (
     "bytes_out",
 )
 MESSAGE_COLUMNS = ("subject", "size", "status", "recipients", "bytes_out", "latency_us", "sampling")
+# stats.log: all of it (its ``node``, the server's name for itself, becomes ``server``)
+STATS_COLUMNS = ("node", "epoch", "uptime_s", "history_s", *STATS_INDICATORS, "totals", "denied")
 
 
 @dataclass(frozen=True)
 class LogFrames:
-    """The parsed logs: good access and message rows in the period, and what was left out.
+    """The parsed logs: good access, message and stats rows in the period, and what was left out.
 
     ``overview`` has one row per file kind, node, state (``good``, ``outside`` the
     period, ``corrupt``) and event with ``lines`` and the ``first``/``last`` second,
@@ -90,6 +93,7 @@ class LogFrames:
 
     access: DataFrame
     messages: DataFrame
+    stats: DataFrame  # node (the folder), server (the line's node), time, second, the rest of STATS_COLUMNS
     corrupt: DataFrame  # kind, node, lines, example (raw bytes; see corrupt_rows)
     overview: DataFrame
     skipped: list[str] = field(default_factory=list)
@@ -263,25 +267,29 @@ def read_logs(
     """Parse every node's logs once; with ``persist`` the parse is kept for all analyses.
 
     Only the columns the analyses read are kept (:data:`ACCESS_COLUMNS`,
-    :data:`MESSAGE_COLUMNS`, plus ``second``, a node number and the line's state as
+    :data:`MESSAGE_COLUMNS`, :data:`STATS_COLUMNS`, plus ``second``, a node number and the line's state as
     small numbers); ``node``, ``time`` (the second the line was logged in, as a
     timestamp) and ``session_key`` are computed when read.
     """
     access_files, access_skipped = log_files(dirs, "access.log")
     message_files, message_skipped = log_files(dirs, "message.log")
-    nodes = list(dict.fromkeys([*access_files, *message_files]))
+    stats_files, stats_skipped = log_files(dirs, "stats.log")
+    nodes = list(dict.fromkeys([*access_files, *message_files, *stats_files]))
     access = _read_kind(spark, access_files, nodes, ACCESS_SCHEMA, ACCESS_COLUMNS, since, until)
     messages = _read_kind(spark, message_files, nodes, MESSAGE_SCHEMA, MESSAGE_COLUMNS, since, until)
+    stats = _read_kind(spark, stats_files, nodes, STATS_SCHEMA, STATS_COLUMNS, since, until)
     persisted: tuple[DataFrame, ...] = ()
     if persist:
         access = access.persist(StorageLevel.MEMORY_AND_DISK)
         messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
-        persisted = (access, messages)
+        stats = stats.persist(StorageLevel.MEMORY_AND_DISK)
+        persisted = (access, messages, stats)
     columns = ["node_id", "state", "second", "example"]
     no_event = F.lit(None).cast("string").alias("event")
     lines = (
         access.select(F.lit("access").alias("kind"), *columns, "event")
         .unionByName(messages.select(F.lit("message").alias("kind"), *columns, no_event))
+        .unionByName(stats.select(F.lit("stats").alias("kind"), *columns, no_event))
         .where(F.col("state") != _BLANK)
     )
     # counts with fixed-width buffers (a hash aggregation); the examples, a variable-width minimum that
@@ -318,9 +326,12 @@ def read_logs(
     return LogFrames(
         access=access.where(F.col("state") == _GOOD).select(node, time, "second", *ACCESS_COLUMNS, session_key),
         messages=messages.where(F.col("state") == _GOOD).select(node, time, "second", *MESSAGE_COLUMNS),
+        stats=stats.where(F.col("state") == _GOOD).select(
+            node, F.col("node").alias("server"), time, "second", *STATS_COLUMNS[1:]
+        ),
         corrupt=corrupt,
         overview=overview,
-        skipped=sorted(access_skipped + message_skipped),
+        skipped=sorted(access_skipped + message_skipped + stats_skipped),
         persisted=persisted,
     )
 

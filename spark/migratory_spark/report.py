@@ -44,9 +44,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from migratory_spark import SCHEMA_VERSION, http, latency, security, sessions, subjects, traffic
+from migratory_spark import stats as server_stats
 from migratory_spark.reader import LogFrames, corrupt_rows, read_logs
 
-__all__ = ["TABLES", "UNIT_SECONDS", "Options", "Overview", "Step", "Table", "analyze", "run", "summarize"]
+__all__ = ["NO_STATS", "TABLES", "UNIT_SECONDS", "Options", "Overview", "Step", "Table", "analyze", "run", "summarize"]
 
 Step = Callable[[str], None]
 
@@ -95,6 +96,8 @@ TABLES: dict[str, tuple[str, bool]] = {
     "latency_overall": ("latency", False),
     "latency_by_subject": ("latency", False),
     "latency_per_minute": ("latency", True),
+    "stats_per_node": ("stats", True),
+    "stats_nodes": ("stats", False),
 }
 
 UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -111,8 +114,12 @@ BOUNDED = frozenset(
         "tls_share",
         "denied_by_reason",
         "latency_overall",
+        "stats_nodes",
     }
 )
+
+# the summary's word for a report without stats.log lines
+NO_STATS = "no stats.log lines: servers older than the stats log, or Stats.LogInterval 0"
 
 
 # --- values and rows -----------------------------------------------------------------------
@@ -240,21 +247,25 @@ def _write_arrow(table: pa.Table, path: str, partitioned: bool) -> None:
 class Overview:
     """Everything one pass over the parsed logs counts (see ``LogFrames.overview``)."""
 
-    lines: dict[str, int]  # access, message (in the period), corrupt
+    lines: dict[str, int]  # access, message, stats (in the period), corrupt
     outside: int  # good lines outside --since/--until
     corrupt: list[dict[str, Any]]  # kind, node, lines, example (escaped)
     events: dict[str, int]  # access events in the period
-    first: int | None  # first and last logged second in the period
+    first: int | None  # first and last second of access and message lines in the period
     last: int | None
     skipped: list[str]
+    stats_first: int | None = None  # first and last second of stats.log lines in the period
+    stats_last: int | None = None
 
     @classmethod
     def from_rows(cls, rows: Sequence[Any], skipped: Sequence[str] = ()) -> Overview:
-        lines = {"access": 0, "message": 0, "corrupt": 0}
+        lines = {"access": 0, "message": 0, "stats": 0, "corrupt": 0}
         events: dict[str, int] = {}
         outside = 0
         first: int | None = None
         last: int | None = None
+        stats_first: int | None = None
+        stats_last: int | None = None
         bad: dict[tuple[str, str], dict[str, Any]] = {}
         for row in rows:
             count = int(row["lines"] or 0)
@@ -267,13 +278,27 @@ class Overview:
                     seen["example"] = row["example"]
             elif row["state"] == "outside":
                 outside += count
+            elif row["kind"] == "stats":  # its own period: the server logs its figures when idle too
+                lines["stats"] += count
+                stats_first = row["first"] if stats_first is None else min(stats_first, row["first"])
+                stats_last = row["last"] if stats_last is None else max(stats_last, row["last"])
             else:
                 lines[row["kind"]] += count
                 if row["kind"] == "access":
                     events[row["event"]] = events.get(row["event"], 0) + count
                 first = row["first"] if first is None else min(first, row["first"])
                 last = row["last"] if last is None else max(last, row["last"])
-        return cls(lines, outside, corrupt_rows(list(bad.values())), events, first, last, list(skipped))
+        return cls(
+            lines,
+            outside,
+            corrupt_rows(list(bad.values())),
+            events,
+            first,
+            last,
+            list(skipped),
+            stats_first,
+            stats_last,
+        )
 
 
 def series_unit(first: int | None, last: int | None) -> str:
@@ -383,6 +408,8 @@ class Analysis:
     unit: str
     end: int | None
     store: _Tables
+    stats_series: list[dict[str, Any]] = field(default_factory=list)  # per node and stats_unit
+    stats_unit: str = "minute"
 
     def release(self) -> None:
         """Unpersist the frames the analysis kept (the summary may query them until then)."""
@@ -399,6 +426,7 @@ def analyze(
     end = int(options.until.timestamp()) - 1 if options.until is not None else last
     bounds = (first, last) if first is not None and last is not None else None
     unit = series_unit(first, last)
+    stats_unit = series_unit(overview.stats_first, overview.stats_last)
     rollup = unit in ("hour", "day")
     graph = _Graph(options.threads)
     add = graph.add
@@ -502,6 +530,13 @@ def analyze(
         add("denied_over_time", lambda: out.write("denied_over_time", security.denied_over_time(access)))
         add("http_requests", lambda: out.write("http_requests", http.http_requests(access)))
         add("corrupt_lines", lambda: out.write_rows("corrupt_lines", overview.corrupt, _CORRUPT_SCHEMA))
+        # stats.log: the server's own figures, per node
+        add(
+            "stats_per_node",
+            lambda: out.write("stats_per_node", server_stats.stats_per_node(frames.stats), keep=True),
+        )
+        add("stats_nodes", lambda t: out.write("stats_nodes", server_stats.stats_nodes(_frame(t))), "stats_per_node")
+        add("stats_series", lambda t: _rows(server_stats.stats_series(_frame(t), stats_unit)), "stats_per_node")
         # the chart series, in the unit the span of the logs asks for
         if unit == "second":
             add("traffic_series", lambda t: _second_traffic(t), "indicators_per_second")
@@ -542,7 +577,7 @@ def analyze(
             for row in rows:
                 start = int(datetime.strptime(row["start"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp())
                 row["partial"] = start < first or start + length > last + 1
-    return Analysis(tables, series, overview, unit, end, out)
+    return Analysis(tables, series, overview, unit, end, out, results["stats_series"], stats_unit)
 
 
 def _frame(table: Table) -> DataFrame:
@@ -679,6 +714,14 @@ def summarize(spark: SparkSession, analysis: Analysis, options: Options) -> dict
             "overall": t["latency_overall"].first(),
             "by_subject": t["latency_by_subject"].records([("p99_us", True), ("subject", False)], top),
             "series": analysis.series["latency"],
+        },
+        "stats": {
+            "lines": overview.lines["stats"],
+            "note": None if overview.lines["stats"] else NO_STATS,
+            "period": {"first": _iso(overview.stats_first), "last": _iso(overview.stats_last)},
+            "series_unit": analysis.stats_unit,
+            "nodes": t["stats_nodes"].records([("node", False), ("server", False)]),
+            "series": analysis.stats_series,
         },
         "tables": {
             name: {

@@ -33,12 +33,12 @@ SMALL_INPUT = 64 * 1024 * 1024
 
 
 def input_bytes(dirs: Sequence[str]) -> int | None:
-    """Bytes of access and message logs in local folders (None if a folder is remote or missing)."""
+    """Bytes of access, message and stats logs in local folders (None if a folder is remote or missing)."""
     from migratory_spark.reader import log_files
 
     total = 0
     try:
-        for name in ("access.log", "message.log"):
+        for name in ("access.log", "message.log", "stats.log"):
             for paths in log_files(dirs, name)[0].values():
                 for path in paths:
                     if not path.startswith("file://"):
