@@ -39,7 +39,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from migratory.certs import CertError, describe, load_key
-from migratory.config import Config, ConfigError, Endpoint, key_specs
+from migratory.config import Config, ConfigError, DeliveryMode, Endpoint, key_specs
 from migratory.entitlement import CustomEntitlement
 
 __all__ = ["Finding", "KeyLines", "Report", "check", "check_file", "check_text"]
@@ -463,7 +463,20 @@ class _Checker:
         found += [("MonitorHTTP.ListenEncrypted", e) for e in monitor_tls]
         if config.cluster_member_listen is not None:
             found.append(("ClusterMemberListen", config.cluster_member_listen))
+        consensus = self._consensus_endpoint()
+        if consensus is not None:
+            found.append(consensus)
         return [(k, e) for k, e in found if k not in self.skip]
+
+    def _consensus_endpoint(self) -> tuple[str, Endpoint] | None:
+        """A Guaranteed seed's consensus (Raft) listener: taken, the seed would wait for it forever."""
+        config = self.config
+        listen = config.cluster_member_listen
+        if listen is None or config.cluster_delivery_mode is not DeliveryMode.GUARANTEED:
+            return None
+        if not 0 <= config.member_index < config.seed_count:
+            return None
+        return ("ClusterMemberListen", Endpoint(listen.host, listen.port + 1))
 
     def ports(self, in_use: InUse) -> None:
         endpoints = self.endpoints()
@@ -487,6 +500,8 @@ class _Checker:
                 self.error(key_name, f"cannot listen on {endpoint}: {detail}: {_privileged_hint(endpoint.port)}")
             elif code == errno.EADDRINUSE:
                 what = f"port {endpoint.port} of {endpoint.host} is in use now"
+                if (key_name, endpoint) == self._consensus_endpoint():
+                    what += " (the seed members' consensus port: ClusterMemberListen's port + 1)"
                 if in_use == "error":
                     self.error(key_name, what)
                 elif in_use == "warning":

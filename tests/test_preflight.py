@@ -302,6 +302,30 @@ def test_a_port_in_use_is_a_warning_for_check_and_an_error_where_asked(folder: P
         assert check(config, conf, in_use="skip").findings == []
 
 
+def test_a_seeds_consensus_port_in_use_is_named(folder: Path) -> None:
+    """A Guaranteed seed also listens on its cluster port + 1 (Raft): taken, the seed would wait forever."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        raft = busy.getsockname()[1]
+        members = f"127.0.0.1:{raft - 1}, 127.0.0.2:{raft - 1}, 127.0.0.3:{raft - 1}"
+        conf = write(
+            folder / "m.conf",
+            f"Listen = 127.0.0.1:{free_port()}",
+            f"ClusterMembers = {members}",
+            f"ClusterMemberListen = 127.0.0.1:{raft - 1}",
+            "ClusterPassword = a-password-long-enough",
+            "ClusterDeliveryMode = Guaranteed",
+            f"LogFolder = {folder}/l",
+            f"StateFolder = {folder}/s",
+        )
+        found = check(Config.from_file(conf), conf, in_use="error").errors
+        assert found == [
+            f"{conf}:3: ClusterMemberListen: port {raft} of 127.0.0.1 is in use now"
+            " (the seed members' consensus port: ClusterMemberListen's port + 1)"
+        ], found
+
+
 # --- safe by default: who may publish -------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,18 +30,33 @@ from typing import Any
 __all__ = ["LocalCluster", "MemberProcess", "free_ports"]
 
 
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(host: str, count: int, consecutive: int = 1) -> list[int]:
-    """``count`` ports free on ``host``, each followed by ``consecutive - 1`` free ones."""
+    """``count`` ports free on ``host``, each followed by ``consecutive - 1`` free ones.
+
+    Chosen below the kernel's ephemeral range: a port from that range, free when probed,
+    can be taken by any outgoing connection before the member binds it (a busy machine's
+    load generators took a seed's consensus port that way).
+    """
+    floor = _ephemeral_floor()
+    low = max(1024, floor - 12288)
     out: list[int] = []
-    while len(out) < count:
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            port = int(sock.getsockname()[1])
-        if port + consecutive > 65535 or any(p in out for p in range(port, port + consecutive)):
+    rng = random.Random()
+    for _ in range(100_000):
+        if len(out) == count:
+            return out
+        port = rng.randrange(low, floor - consecutive)
+        if any(abs(port - taken) < consecutive for taken in out):
             continue
         holders = []
         try:
-            for extra in range(1, consecutive):
+            for extra in range(consecutive):
                 held = socket.socket()
                 holders.append(held)
                 held.bind((host, port + extra))
@@ -50,7 +66,7 @@ def free_ports(host: str, count: int, consecutive: int = 1) -> list[int]:
             for held in holders:
                 held.close()
         out.append(port)
-    return out
+    raise RuntimeError(f"no {count} free ports below {floor} on {host}")
 
 
 @dataclass
