@@ -1,16 +1,16 @@
 """A lean TLS server transport: OpenSSL for the handshake, then a small TLS 1.3 record layer.
 
-Why not ``loop.create_server(ssl=...)``: measured with 2,000 idle ``wss://``
-connections (bench/tls.md), uvloop's ``SSLProtocol`` costs about 44 KB per idle
-connection more than ``ws://``. The event loop's TLS transport holds a 256 KB
-read buffer per connection (a lazily touched ``bytearray``: a few pages of it
-stay resident) beside OpenSSL's ``SSL`` object. The ``SSL`` object itself is the
-floor of anything that keeps OpenSSL on an established connection: with
-``SSL_MODE_RELEASE_BUFFERS`` (CPython already sets it on every context: no
-record buffers stay while idle), an OpenSSL 3.0 ``SSL`` with its two memory
-BIOs still takes about 17 KB after a TLS 1.3 handshake (9 KB before any byte:
-the structure, its record-layer arrays, copies of the context's certificate
-and cipher lists), and the OpenSSL 4 inside ``cryptography`` takes more.
+Why not ``loop.create_server(ssl=...)``: measured as the PSS slope between 8,000
+and 16,000 idle TLS 1.3 connections (bench/tls.md, ``migratory.bench.tlsprobe``),
+uvloop's ``SSLProtocol`` costs 25.7 KB per idle connection against 1.2 KB without
+TLS. About 7 KB of that is the event loop's TLS transport (its per-connection read
+buffer and protocol objects) beside OpenSSL's ``SSL`` object. The ``SSL`` object
+itself is the floor of anything that keeps OpenSSL on an established connection:
+with ``SSL_MODE_RELEASE_BUFFERS`` (CPython already sets it on every context: no
+record buffers stay while idle), an OpenSSL 3.0 ``SSL`` with its two memory BIOs
+still takes 17.0 KB of heap after a TLS 1.3 handshake (9.4 KB before any byte:
+the structure, its record-layer arrays, copies of the context's certificate and
+cipher lists; 18.4 KB per connection as the PSS slope of a server that keeps it).
 Neither fits in the 6 KB per idle connection that issue 19 asks for.
 
 So this transport keeps OpenSSL only while it is needed:
@@ -30,7 +30,7 @@ So this transport keeps OpenSSL only while it is needed:
   sequence number, inner content type, padding, 2^14-byte records, alerts,
   ``KeyUpdate`` both ways, a key update of our own well before the AES-GCM
   limit of section 5.5). The AEAD itself is ``cryptography``'s (OpenSSL's
-  EVP code). A cipher object (about 2.3 KB) exists only while the connection is
+  EVP code). A cipher object (2.3 KB of heap) exists only while the connection is
   active: a sweep every :data:`SWEEP_SECONDS` drops those unused since the
   previous sweep, as ``SSL_MODE_RELEASE_BUFFERS`` drops idle record buffers. An
   idle connection is then this object (one slotted instance), two secrets of
