@@ -62,9 +62,10 @@ def test_the_servers_own_logs(
             await writer.publish("/live/nobody", "x")
             writer.max_message_size = 0  # past the client's own check: the server denies and logs it
             await writer.publish("/live/a", b"x" * 4096)  # over MessageSizeLimit
-            # connected over a second's end (the per-second count is the one at the end of each second) and
-            # over two lines of stats.log at least
-            await asyncio.sleep(2.5)
+            # connected over a second's end (the per-second count is the one at the end of each second), and
+            # until stats.log holds two lines, one of them counting both clients
+            await asyncio.sleep(1.1)
+            await _stats_logged(server.log_folder / "stats.log", clients=2)
 
     asyncio.run(traffic_())
     assert server.stop() == 0
@@ -81,6 +82,20 @@ def test_the_servers_own_logs(
     assert series.agg({"connected_clients": "max"}).first()[0] == 2  # type: ignore[index]
     assert series.orderBy("second", ascending=False).first()["connected_clients"] == 0  # type: ignore[index]
     _stats_log_in_the_report(server, spark, tmp_path)
+
+
+async def _stats_logged(path: Path, clients: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(ValueError):  # a line being written
+                    records.append(json.loads(line))
+        if len(records) >= 2 and any(r["connected_clients"]["current"] == clients for r in records):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{path}: not two lines, one with {clients} clients, within {timeout} s")
 
 
 def _stats_log_in_the_report(server: ServerProcess, spark: SparkSession, tmp_path: Path) -> None:
