@@ -22,6 +22,7 @@ all of them.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import SparkSession
@@ -59,7 +60,10 @@ def build_session(
 
     ``input_size`` (bytes of logs, see :func:`input_bytes`) tunes a local JVM to it.
     """
-    os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", "python3"))
+    # Python workers: in local mode this very interpreter (an installed appliance has no python3 on the
+    # service's PATH, only its venv's); on a cluster, the executors' own python3
+    local = master is not None and master.startswith("local")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable if local else "python3")
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
