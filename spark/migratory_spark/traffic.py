@@ -13,6 +13,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from migratory_spark.schema import STATS_INDICATORS
+
 __all__ = [
     "INDICATORS",
     "WINDOWS",
@@ -28,15 +30,7 @@ __all__ = [
     "weight",
 ]
 
-INDICATORS = (
-    "connected_clients",
-    "connections_per_second",
-    "disconnections_per_second",
-    "messages_in_per_second",
-    "messages_out_per_second",
-    "bytes_in_per_second",
-    "bytes_out_per_second",
-)
+INDICATORS = STATS_INDICATORS  # the seven indicators of the seeds, as the server's stats.log names them
 
 _MINUTE, _HOUR, _DAY = 60, 3600, 86400
 _MONTH = 30 * _DAY
