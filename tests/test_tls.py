@@ -57,6 +57,16 @@ def peer_serial(port: int, ca: Path) -> int:
     return int(x509.load_der_x509_certificate(der).serial_number)
 
 
+async def new_certificate_served(port: int, ca: Path, before: int) -> None:
+    """Wait (up to about 10 s) until the listener serves a certificate other than serial ``before``."""
+    loop = asyncio.get_running_loop()
+    for _ in range(100):
+        if await loop.run_in_executor(None, peer_serial, port, ca) != before:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the new certificate is not served after SIGHUP")
+
+
 def test_wss_and_https_beside_plain_ws(server_factory: Callable[..., ServerProcess], pki: dict[str, Path]) -> None:
     server, port = tls_server(server_factory, pki)
     context = client_context(pki["ca"])
@@ -129,13 +139,7 @@ def test_sighup_reloads_the_certificate_without_dropping_connections(
             await client.subscribe(["/t/r"])
             issue_server_cert(pki["ca"], pki["ca_key"], ["localhost", "127.0.0.1"], pki["cert"].parent)
             server.proc.send_signal(signal.SIGHUP)
-            loop = asyncio.get_running_loop()
-            for _ in range(100):
-                if await loop.run_in_executor(None, peer_serial, port, pki["ca"]) != before:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("the new certificate is not served after SIGHUP")
+            await new_certificate_served(port, pki["ca"], before)
             # the connection made before the reload still works
             assert await client.publish("/t/r", b"after-reload") == Status.OK
             assert (await client.next_message(5)).content == b"after-reload"

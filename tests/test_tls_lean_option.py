@@ -18,6 +18,7 @@ from migratory.protocol import Status
 from migratory.server import tlstransport
 from migratory.server.tlstransport import TLSServer
 from tests.conftest import ServerProcess
+from tests.test_tls import new_certificate_served, peer_serial
 from tests.test_tlstransport import App, Pair, client_context, pki, server_context, tls_server_process
 
 __all__ = ["pki"]  # the module-scoped certificate fixture, shared with test_tlstransport
@@ -71,21 +72,10 @@ def test_wss_with_tls_lean_transport_false_end_to_end(
     )
     context = client_context(pki)
 
-    def serial() -> int:
-        with (
-            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
-            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
-        ):
-            der = tls.getpeercert(binary_form=True)
-        from cryptography import x509
-
-        assert der is not None
-        return int(x509.load_der_x509_certificate(der).serial_number)
-
     old = client_context(pki, ssl.TLSVersion.TLSv1_2)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, pytest.raises(ssl.SSLError):
         old.wrap_socket(raw, server_hostname="127.0.0.1")
-    before = serial()
+    before = peer_serial(port, pki["ca"])
 
     async def scenario() -> None:
         async with (
@@ -97,13 +87,7 @@ def test_wss_with_tls_lean_transport_false_end_to_end(
             assert (await one.next_message(5)).content == b"y" * 40000
             issue_server_cert(pki["ca"], pki["ca_key"], ["localhost", "127.0.0.1"], tmp_path / "own")
             server.proc.send_signal(signal.SIGHUP)
-            loop = asyncio.get_running_loop()
-            for _ in range(100):
-                if await loop.run_in_executor(None, serial) != before:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("the new certificate is not served after SIGHUP")
+            await new_certificate_served(port, pki["ca"], before)
             assert await two.publish("/lean/off", b"after-reload") == Status.OK
             assert (await one.next_message(5)).content == b"after-reload"
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from migratory.server import tlstransport
 from migratory.server.tlstransport import SUITES, TLSServer, TLSTransport, expand_label
+from tests.test_tlstransport import FakeTCP as TCP
 
 SUITE = SUITES["TLS_AES_128_GCM_SHA256"]
 
@@ -64,33 +64,6 @@ SERVER_CLOSE_NOTIFY_RECORD = h("17 03 03 00 13 b5 8f d6 71 66 eb f5 99 d2 47 20 
 # not RFC 8448: the traffic secrets after one KeyUpdate ("traffic upd"), from Botan's tests
 CLIENT_SECRET_1 = h("fc df cc 72 72 5a ae e4 8b f6 4e 4f d8 b7 49 cd bd ba b3 9d 90 da 0b 26 e2 24 5c a6 ea 16 72 07")
 SERVER_SECRET_1 = h("51 92 1b 8a a3 00 19 76 eb 40 1d 0a 43 19 a8 51 64 16 a6 c5 60 01 a3 57 e5 d1 62 03 1e 84 f9 16")
-
-
-class TCP:
-    def __init__(self) -> None:
-        self.out = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        assert not self.closed
-        self.out += data
-
-    def take(self) -> bytes:
-        data = bytes(self.out)
-        self.out.clear()
-        return data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
 
 
 class App(asyncio.Protocol):

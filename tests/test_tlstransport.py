@@ -32,6 +32,7 @@ from migratory.protocol import Status
 from migratory.server import tlstransport
 from migratory.server.tlstransport import SUITES, TLSServer, TLSTransport, enable, expand_label
 from tests.conftest import ServerProcess, free_port
+from tests.test_tls import new_certificate_served, peer_serial
 
 
 @pytest.fixture(scope="module")
@@ -392,31 +393,14 @@ def test_sighup_reload_keeps_lean_connections(
     server, port = tls_server_process(server_factory, {**pki, "cert": cert, "key": key})
     context = client_context(pki)
 
-    def serial() -> int:
-        with (
-            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
-            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
-        ):
-            der = tls.getpeercert(binary_form=True)
-        from cryptography import x509
-
-        assert der is not None
-        return int(x509.load_der_x509_certificate(der).serial_number)
-
-    before = serial()
+    before = peer_serial(port, pki["ca"])
 
     async def scenario() -> None:
         async with MigratoryClient([f"wss://127.0.0.1:{port}"], ssl=context) as client:
             await client.subscribe(["/t/r"])
             issue_server_cert(pki["ca"], pki["ca_key"], ["localhost", "127.0.0.1"], tmp_path / "own")
             server.proc.send_signal(signal.SIGHUP)
-            loop = asyncio.get_running_loop()
-            for _ in range(100):
-                if await loop.run_in_executor(None, serial) != before:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("the new certificate is not served after SIGHUP")
+            await new_certificate_served(port, pki["ca"], before)
             assert await client.publish("/t/r", b"after-reload") == Status.OK
             assert (await client.next_message(5)).content == b"after-reload"
 
