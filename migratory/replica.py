@@ -148,10 +148,11 @@ class Replica:
             return None
         if seq == state.seq:
             return state.epoch
-        if state.cache:
-            at = _find(tuple(entry for _, entry in state.cache), seq)
-            if at is not None:
-                return state.cache[at][1].epoch
+        cache = state.cache
+        if cache:
+            at = seq - cache[0][1].seq  # the cache is a contiguous run
+            if 0 <= at < len(cache) and cache[at][1].seq == seq:
+                return cache[at][1].epoch
         return None
 
     def subjects(self) -> list[str]:
