@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from migratory.bench import presets
 from migratory.bench.runner import BenchConfig, Report, run
 from migratory.bench.wire import TARGETS, TLS_TARGETS
 
@@ -30,6 +31,7 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
         "latency p50 / p90 / p99 / max (ms)",
         lambda r: " / ".join(f"{r.latency_ms.get(k, 0):g}" for k in ("p50", "p90", "p99", "max")),
     ),
+    ("latency mean (ms)", lambda r: f"{r.latency_ms.get('mean', 0):g}"),
     ("server CPU (s), of which system", lambda r: f"{r.server_cpu_seconds:.2f}, {r.server_cpu_system_seconds:.2f}"),
     ("server CPU per delivery (us)", lambda r: f"{r.server_cpu_us_per_delivery:.3f}"),
     ("server RSS before / connected (MB)", lambda r: f"{r.server_rss_mb_before:.1f} / {r.server_rss_mb_connected:.1f}"),
@@ -39,6 +41,14 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
         lambda r: (
             f"{r.server_pss_mb_before:.1f} / {r.server_pss_mb_connected:.1f}, {r.server_pss_bytes_per_connection:,.0f}"
         ),
+    ),
+    (
+        "server processes, PSS each before clients (MB)",
+        lambda r: f"{r.server_processes}, {r.server_pss_mb_per_process_before:.1f}",
+    ),
+    (
+        "kernel TCP sockets in use / memory (MB), connected",
+        lambda r: f"{r.sockstat_connected.get('inuse', 0):,} / {r.sockstat_connected.get('mem', 0) * 4096 / 2**20:.1f}",
     ),
     ("server RSS after disconnect (MB)", lambda r: f"{r.server_rss_mb_after_disconnect:.1f}"),
     ("load average at start (1/5/15 min)", lambda r: " / ".join(f"{v:.2f}" for v in r.load_average) or "-"),
@@ -115,51 +125,89 @@ def _config(**options: object) -> BenchConfig:
     return config
 
 
+_RUN_DEFAULTS: dict[str, object] = {
+    "clients": 1000,
+    "subjects": 1,
+    "subjects_per_client": 1,
+    "size": 64,
+    "rate": 0.0,
+    "messages": 100,
+    "processes": 2,
+    "sources": "127.0.0.1",
+    "workers": 1,
+}
+
+
 @app.command("run")
 def run_cmd(
     target: str = typer.Option("migratory", help=f"Server kind: {', '.join(TARGETS)}."),
     host: str = typer.Option("127.0.0.1", help="Server address."),
     port: int = typer.Option(8800, help="Server port (ignored with --spawn)."),
-    clients: int = typer.Option(1000, help="Concurrent client connections."),
-    subjects: int = typer.Option(1, help="Distinct subjects."),
-    subjects_per_client: int = typer.Option(1, help="Subjects each client subscribes to."),
-    size: int = typer.Option(64, help="Message size in bytes (at least 8: the send time)."),
-    rate: float = typer.Option(0.0, help="Messages per second in total; 0 = closed-loop bursts (saturation)."),
-    messages: int = typer.Option(100, help="Messages to publish (0 = connect only: idle memory)."),
+    preset: str | None = typer.Option(
+        None,
+        help="A named workload: seed-10m (1,000,000 clients, one subject of 10,000 each, a 512-byte message a "
+        "minute each, held 10 minutes; with --clients N, the same shape for N). Other options override it.",
+    ),
+    clients: int | None = typer.Option(None, help="Concurrent client connections [default: 1000]."),
+    subjects: int | None = typer.Option(None, help="Distinct subjects [default: 1]."),
+    subjects_per_client: int | None = typer.Option(None, help="Subjects each client subscribes to [default: 1]."),
+    size: int | None = typer.Option(None, help="Message size in bytes, at least 8: the send time [default: 64]."),
+    rate: float | None = typer.Option(
+        None, help="Messages per second in total; 0 = closed-loop bursts (saturation) [default: 0]."
+    ),
+    messages: int | None = typer.Option(
+        None, help="Messages to publish; 0 = connect only: idle memory [default: 100]."
+    ),
+    hold: float | None = typer.Option(None, help="Seconds to publish at --rate (sets --messages to rate x hold)."),
     burst: int = typer.Option(50, help="Burst size in closed-loop mode."),
-    processes: int = typer.Option(2, help="Load-generator processes."),
-    sources: str = typer.Option("127.0.0.1", help="Source addresses, e.g. 127.0.0.2-127.0.0.8."),
+    processes: int | None = typer.Option(None, help="Load-generator processes [default: 2]."),
+    sources: str | None = typer.Option(None, help="Source addresses, e.g. 127.0.0.2-127.0.0.8 [default: 127.0.0.1]."),
     server_pid: int = typer.Option(0, help="PID of the server to measure (its children too)."),
     spawn: bool = typer.Option(False, help="Start the server (and its peers' servers) on a free port."),
-    workers: int = typer.Option(1, help="Workers of a spawned migratory server."),
+    workers: int | None = typer.Option(None, help="Workers of a spawned migratory server [default: 1]."),
     disconnect: bool = typer.Option(False, help="Connection storm: measure memory after everyone left."),
     idle: float = typer.Option(0.0, help="Seconds to leave the connections idle before measuring memory."),
+    drain: float = typer.Option(60.0, help="Seconds to wait for the last deliveries after publishing."),
     ca: Path | None = typer.Option(
         None, help="TLS targets without --spawn: the CA file the server's certificate is checked against."
     ),
     as_json: Path | None = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
 ) -> None:
     """Run one workload and print the report (TLS targets: migratory-wss, nats-tls, mqtt-tls)."""
+    given = {
+        "clients": clients,
+        "subjects": subjects,
+        "subjects_per_client": subjects_per_client,
+        "size": size,
+        "rate": rate,
+        "messages": messages,
+        "processes": processes,
+        "sources": sources,
+        "workers": workers,
+    }
+    options = dict(_RUN_DEFAULTS)
+    if preset is not None:
+        try:
+            options.update(presets.preset(preset, clients))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--preset") from None
+    options.update({k: v for k, v in given.items() if v is not None})
+    if hold is not None:
+        options["messages"] = max(1, round(float(str(options["rate"])) * hold))
     config = _config(
         target=target,
         host=host,
         port=port,
-        clients=clients,
-        subjects=subjects,
-        subjects_per_client=subjects_per_client,
-        size=max(8, size),
-        rate=rate,
-        messages=messages,
         burst=burst,
-        processes=processes,
-        sources=sources,
         server_pid=server_pid,
         spawn=spawn,
-        workers=workers,
         disconnect=disconnect,
         idle_seconds=idle,
+        drain_timeout=drain,
         ca=str(ca) if ca is not None else "",
+        **options,
     )
+    config.size = max(8, config.size)
     if config.target in TLS_TARGETS and not spawn and not config.ca:
         raise typer.BadParameter("--ca is needed for a TLS target that --spawn does not start")
     report = _run_with_progress(config)

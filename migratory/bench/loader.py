@@ -2,7 +2,7 @@
 
 The parent sends commands over a pipe ("stop") and receives progress:
 ``("connected", ok, errors, seconds)`` once every client is subscribed, then
-``("stats", delivered, histogram, max_ns)`` a few times per second.
+``("stats", delivered, histogram, max_ns, sum_ns)`` a few times per second.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ class _State:
         self.delivered = 0
         self.histogram = [0] * BUCKETS
         self.max_ns = 0
+        self.sum_ns = 0  # for the mean latency (the seeds' benchmark states an average)
         self.ready = 0
         self.errors = 0
 
@@ -119,6 +120,7 @@ class _Client(asyncio.Protocol):
                 state.delivered += 1
                 latency = now - int.from_bytes(payload[:8], "big")
                 histogram[bucket_of(latency)] += 1
+                state.sum_ns += latency
                 if latency > state.max_ns:
                     state.max_ns = latency
         if not self.opened.done() and self.codec.ready:
@@ -197,9 +199,9 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
     # The pipe stays a blocking descriptor (no add_reader: it would make our sends
     # non-blocking and fail when the parent is busy); commands are polled instead.
     while not (pipe.poll() and pipe.recv() == "stop"):
-        pipe.send(("stats", state.delivered, list(state.histogram), state.max_ns))
+        pipe.send(("stats", state.delivered, list(state.histogram), state.max_ns, state.sum_ns))
         await asyncio.sleep(0.2)
-    pipe.send(("stats", state.delivered, list(state.histogram), state.max_ns))
+    pipe.send(("stats", state.delivered, list(state.histogram), state.max_ns, state.sum_ns))
     for transport in transports:
         transport.abort()
     pipe.send(("closed", len(transports)))

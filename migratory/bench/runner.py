@@ -7,8 +7,9 @@ import multiprocessing
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from migratory.bench.loader import BUCKETS, LoaderSpec, bucket_upper_ns, loader_main, open_client
@@ -75,6 +76,10 @@ class Report:
     server_pss_mb_before: float = 0.0
     server_pss_mb_connected: float = 0.0
     server_pss_bytes_per_connection: float = 0.0
+    server_processes: int = 0  # supervisor and workers (and a member's agent) when the clients connected
+    server_pss_mb_per_process_before: float = 0.0  # the fixed cost of one more worker
+    sockstat_before: dict[str, int] = field(default_factory=dict)  # /proc/net/sockstat's TCP line
+    sockstat_connected: dict[str, int] = field(default_factory=dict)
     load_average: list[float] = field(default_factory=list)  # 1, 5, 15 minutes, when the run started
     errors: list[str] = field(default_factory=list)
 
@@ -92,10 +97,36 @@ def _subjects_of(config: BenchConfig, client: int) -> list[str]:
     ]
 
 
+class _Subjects(Sequence[list[str]]):
+    """The subjects of a loader's clients, made when asked: a million lists would cost the parent memory."""
+
+    def __init__(self, config: BenchConfig, members: range) -> None:
+        self.config = config
+        self.members = members
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __getitem__(self, index: int) -> list[str]:  # type: ignore[override]
+        return _subjects_of(self.config, self.members[index])
+
+
+def sockstat() -> dict[str, int]:
+    """The kernel's TCP socket counts and memory (pages) of this network namespace."""
+    try:
+        for line in Path("/proc/net/sockstat").read_text().splitlines():
+            if line.startswith("TCP:"):
+                words = line.split()[1:]
+                return {words[i]: int(words[i + 1]) for i in range(0, len(words) - 1, 2)}
+    except OSError:
+        pass
+    return {}
+
+
 def _percentiles(histogram: list[int], max_ns: int) -> dict[str, float]:
     total = sum(histogram)
     out: dict[str, float] = {}
-    for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+    for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)):
         if not total:
             out[name] = 0.0
             continue
@@ -158,7 +189,8 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
         report.server_rss_mb_before = meter.rss_bytes() / 2**20
         report.server_pss_mb_before = meter.pss_bytes() / 2**20
     context = multiprocessing.get_context("fork")
-    per_process = [list(range(i, config.clients, config.processes)) for i in range(config.processes)]
+    report.sockstat_before = sockstat()
+    per_process = [range(i, config.clients, config.processes) for i in range(config.processes)]
     loaders = []
     started = time.monotonic()
     for index, members in enumerate(per_process):
@@ -171,7 +203,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             host,
             port,
             config.sources[index % len(config.sources)],
-            [_subjects_of(config, c) for c in members],
+            _Subjects(config, members),
             ca=config.ca,
         )
         proc = context.Process(target=loader_main, args=(spec, child), daemon=True)
@@ -189,16 +221,21 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
     delivered = [0] * len(loaders)
     histograms = [[0] * BUCKETS for _ in loaders]
     max_ns = [0] * len(loaders)
+    sum_ns = [0] * len(loaders)
 
     def poll() -> int:
         for i, (_, pipe) in enumerate(loaders):
             while pipe.poll():
                 message = pipe.recv()
                 if message[0] == "stats":
-                    delivered[i], histograms[i], max_ns[i] = message[1], message[2], message[3]
+                    delivered[i], histograms[i], max_ns[i], sum_ns[i] = message[1:5]
         return sum(delivered)
 
+    report.sockstat_connected = sockstat()
     if meter is not None:
+        report.server_processes = meter.processes()
+        processes = max(report.server_processes, 1)
+        report.server_pss_mb_per_process_before = round(report.server_pss_mb_before / processes, 2)
         report.server_rss_mb_connected = meter.rss_bytes() / 2**20
         report.server_pss_mb_connected = meter.pss_bytes() / 2**20
         if report.connected:
@@ -235,6 +272,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
                 report.server_cpu_us_per_delivery = round(report.server_cpu_seconds * 1e6 / report.delivered, 3)
         merged = [sum(h[i] for h in histograms) for i in range(BUCKETS)]
         report.latency_ms = _percentiles(merged, max(max_ns))
+        report.latency_ms["mean"] = round(sum(sum_ns) / max(sum(delivered), 1) / 1e6, 3)
         if report.delivered != report.expected_deliveries:
             report.errors.append(f"delivered {report.delivered} of {report.expected_deliveries} messages")
     for _, pipe in loaders:

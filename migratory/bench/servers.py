@@ -56,6 +56,9 @@ class ProcessMeter:
             system += int(fields[12])  # stime
         return user / TICKS, system / TICKS
 
+    def processes(self) -> int:
+        return len(process_tree(self.pid))
+
     def rss_bytes(self) -> int:
         total = 0
         for pid in process_tree(self.pid):
@@ -93,6 +96,9 @@ class MultiMeter:
     def cpu_split(self) -> tuple[float, float]:
         splits = [m.cpu_split() for m in self.meters]
         return sum(u for u, _ in splits), sum(s for _, s in splits)
+
+    def processes(self) -> int:
+        return sum(m.processes() for m in self.meters)
 
     def rss_bytes(self) -> int:
         return sum(m.rss_bytes() for m in self.meters)

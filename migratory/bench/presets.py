@@ -1,0 +1,51 @@
+"""Named workloads of ``migratory bench run --preset``.
+
+``seed-10m`` is the shape of the seeds' headline benchmark (10 million concurrent users
+on one 1U server, each receiving a 512-byte message a minute): every client subscribes
+to one subject out of many (100 subscribers a subject), every subject gets one message
+a minute, so N clients receive N/60 messages a second in total, held for 10 minutes.
+Its server and load-generator processes follow from the client count: one process holds
+at most ``PER_PROCESS`` connections, under this machine's 20,000 open files a process
+(a few hundred stay free for the worker bus, listeners and logs), and each load
+generator gets a source address of its own (28,000 ports each under the default
+``ip_local_port_range``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["PER_PROCESS", "PRESETS", "preset"]
+
+PER_PROCESS = 18_000
+SUBSCRIBERS_PER_SUBJECT = 100
+HOLD_SECONDS = 600.0
+
+
+def _seed(clients: int) -> dict[str, Any]:
+    subjects = max(1, clients // SUBSCRIBERS_PER_SUBJECT)
+    rate = subjects / 60.0  # each subject, hence each client, gets one message a minute
+    processes = max(1, math.ceil(clients / PER_PROCESS))
+    return {
+        "clients": clients,
+        "subjects": subjects,
+        "subjects_per_client": 1,
+        "size": 512,
+        "rate": rate,
+        "messages": max(1, round(rate * HOLD_SECONDS)),
+        "processes": processes,
+        "workers": processes,
+        "sources": f"127.0.1.1-127.0.1.{processes}" if processes <= 254 else "",
+    }
+
+
+PRESETS = {"seed-10m": (1_000_000, _seed)}
+
+
+def preset(name: str, clients: int | None = None) -> dict[str, Any]:
+    """The options of preset ``name`` (for ``clients`` clients, or the preset's own count)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    default_clients, make = PRESETS[name]
+    return make(clients or default_clients)
