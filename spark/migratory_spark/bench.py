@@ -19,7 +19,7 @@ from typing import Any
 
 from migratory_spark.generate import generate
 from migratory_spark.reader import log_files
-from migratory_spark.report import Options, run
+from migratory_spark.report import Options, run, timed_steps
 from migratory_spark.session import build_session, input_bytes
 
 __all__ = ["duckdb_reference", "run_bench"]
@@ -139,10 +139,13 @@ def run_bench(
         input_size=input_bytes(made.folders),
     )
     started_s = time.perf_counter() - began
+    phases: list[dict[str, Any]] = []  # each step: seconds into the report, Spark jobs so far
     try:
         began = time.perf_counter()
-        summary = run(spark, Options(dirs=made.folders, out=out), step)
+        summary = run(spark, Options(dirs=made.folders, out=out), timed_steps(spark, step, phases))
         analysed_s = time.perf_counter() - began
+        jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+        phases.append({"step": "done", "seconds": round(analysed_s, 2), "jobs": jobs})
         version = spark.version
     finally:
         spark.stop()
@@ -183,6 +186,8 @@ def run_bench(
         "total_seconds": round(started_s + analysed_s, 2),
         "rows_per_second": round(rows / analysed_s),
         "megabytes_per_second": round(made.bytes / 1e6 / analysed_s, 2),
+        "spark_jobs": phases[-1]["jobs"] if phases else None,
+        "phases": phases,
     }
     if reference is not None:
         result["duckdb"] = reference

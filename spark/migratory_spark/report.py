@@ -29,7 +29,9 @@ import json
 import math
 import os
 import shutil
+import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -47,9 +49,50 @@ from migratory_spark import SCHEMA_VERSION, http, latency, security, sessions, s
 from migratory_spark import stats as server_stats
 from migratory_spark.reader import LogFrames, corrupt_rows, read_logs
 
-__all__ = ["NO_STATS", "TABLES", "UNIT_SECONDS", "Options", "Overview", "Step", "Table", "analyze", "run", "summarize"]
+__all__ = [
+    "NO_STATS",
+    "TABLES",
+    "TIMING_ENV",
+    "UNIT_SECONDS",
+    "Options",
+    "Overview",
+    "Step",
+    "Table",
+    "analyze",
+    "run",
+    "summarize",
+    "timed_steps",
+]
 
 Step = Callable[[str], None]
+
+# MIGRATORY_SPARK_TIMING=1: each step's time and the Spark jobs run so far, on standard error
+TIMING_ENV = "MIGRATORY_SPARK_TIMING"
+
+
+def timed_steps(spark: SparkSession, step: Step, record: list[dict[str, Any]] | None = None) -> Step:
+    """``step``, and each call's time since the first and Spark's job count kept in ``record`` (and printed
+    on standard error under ``MIGRATORY_SPARK_TIMING=1``). A step names what starts or what just ended;
+    the last, ``done``, is only timed, not passed on."""
+    show = os.environ.get(TIMING_ENV, "") not in ("", "0")
+    if record is None and not show:
+        return step
+    tracker = spark.sparkContext.statusTracker()
+    began = time.monotonic()
+    last = [began]
+
+    def timed(name: str) -> None:
+        now = time.monotonic()
+        jobs = len(tracker.getJobIdsForGroup())
+        if record is not None:
+            record.append({"step": name, "seconds": round(now - began, 2), "jobs": jobs})
+        if show:
+            print(f"[report] {now - began:7.2f} s  +{now - last[0]:6.2f} s  {jobs:3d} jobs  {name}", file=sys.stderr)
+        last[0] = now
+        if name != "done":
+            step(name)
+
+    return timed
 
 
 @dataclass(frozen=True)
@@ -751,6 +794,7 @@ def _warm_charts() -> threading.Thread:
 def run(spark: SparkSession, options: Options, step: Step = lambda _: None) -> dict[str, Any]:
     """Read, analyse, write Parquet, summary.json, charts and report.html; return the summary."""
     os.makedirs(options.out, exist_ok=True)
+    step = timed_steps(spark, step)
     warming = _warm_charts() if options.charts else None
     step("reading logs")
     frames = read_logs(spark, options.dirs, options.since, options.until)
@@ -779,4 +823,5 @@ def run(spark: SparkSession, options: Options, step: Step = lambda _: None) -> d
     with open(outputs["summary"], "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2, sort_keys=False)
         handle.write("\n")
+    step("done")
     return summary
