@@ -18,7 +18,12 @@ __all__ = ["build_context", "reload_context"]
 
 
 def build_context(config: Config) -> ssl.SSLContext:
-    """A server context from TLSCertificate/TLSKey/TLSMinVersion/TLSCiphers; raises CertError."""
+    """A server context from TLSCertificate/TLSKey/TLSMinVersion/TLSCiphers; raises CertError.
+
+    With ``TLSLeanTransport`` (the default), OpenSSL's own TLS 1.3 suites are served with
+    ``TLS_AES_128_GCM_SHA256`` first (:func:`migratory.server.tlstransport.prefer_aes128`);
+    ``TLSCiphers`` (TLS 1.2) and ``TLSMinVersion`` are untouched by it.
+    """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_3 if config.tls_min_version == "TLSv1.3" else ssl.TLSVersion.TLSv1_2
     try:
@@ -27,6 +32,11 @@ def build_context(config: Config) -> ssl.SSLContext:
         raise CertError(f"TLSCiphers: OpenSSL accepts none of {config.tls_ciphers!r}") from None
     context.options |= ssl.OP_NO_COMPRESSION
     context.set_alpn_protocols(["http/1.1"])
+    if config.tls_lean_transport:
+        # the lean record layer seals every record in Python: the cheaper AES-128 first (bench/tls.md)
+        from migratory.server.tlstransport import prefer_aes128
+
+        prefer_aes128(context)
     reload_context(context, config)
     return context
 

@@ -86,7 +86,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
-__all__ = ["SWEEP_SECONDS", "TLSServer", "TLSTransport", "enable"]
+__all__ = ["SWEEP_SECONDS", "TLSServer", "TLSTransport", "enable", "prefer_aes128"]
 
 log = logging.getLogger("migratory.server.tls")
 
@@ -214,6 +214,8 @@ def _libssl() -> ctypes.CDLL | None:
         lib.SSL_CTX_get_verify_mode.argtypes = [ctypes.c_void_p]
         lib.SSL_CTX_set_keylog_callback.restype = None
         lib.SSL_CTX_set_keylog_callback.argtypes = [ctypes.c_void_p, _KEYLOG_CALLBACK]
+        lib.SSL_CTX_set_ciphersuites.restype = ctypes.c_int
+        lib.SSL_CTX_set_ciphersuites.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     except (ImportError, OSError, AttributeError):
         return None
     return lib
@@ -276,6 +278,53 @@ def enable(context: ssl.SSLContext) -> bool:
     lib.SSL_CTX_set_keylog_callback(pointer, _callback)
     _enabled[id(context)] = context
     return True
+
+
+OPENSSL_TLS13_SUITES = ("TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256", "TLS_AES_128_GCM_SHA256")
+"""OpenSSL's TLS 1.3 suites in its order (``TLS_DEFAULT_CIPHERSUITES``): a context's unless someone chose."""
+
+PREFERRED_TLS13_SUITES = ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256")
+"""The same three suites in the order :func:`prefer_aes128` serves them."""
+
+OP_PRIORITIZE_CHACHA = 1 << 21
+"""``SSL_OP_PRIORITIZE_CHACHA`` (OpenSSL 1.1.1 and 3.x; the ``ssl`` module has no name for it)."""
+
+
+def tls13_suites(context: ssl.SSLContext) -> tuple[str, ...]:
+    """The TLS 1.3 suites of ``context``, in its order."""
+    return tuple(c["name"] for c in context.get_ciphers() if c["protocol"] == "TLSv1.3")
+
+
+def prefer_aes128(context: ssl.SSLContext) -> bool:
+    """Serve ``TLS_AES_128_GCM_SHA256`` first, unless the TLS 1.3 suites were chosen by someone; True if it is so.
+
+    Why: OpenSSL's default order, which clients follow (CPython's among them), puts
+    ``TLS_AES_256_GCM_SHA384`` first, and with the lean record layer every record of a
+    fan-out is sealed per connection: AES-128 has 10 rounds where AES-256 has 14, and its
+    key schedule comes from SHA-256 rather than SHA-384. So when the context still has
+    OpenSSL's three suites in OpenSSL's order (nobody chose them: the ``ssl`` module
+    cannot, only an ``openssl.cnf`` ``Ciphersuites`` line could), they are reordered
+    through libssl's ``SSL_CTX_set_ciphersuites`` (all three stay offered, nothing is
+    removed). The server's order is what counts (``OP_CIPHER_SERVER_PREFERENCE``, which
+    CPython already sets on every context, so ``TLSCiphers``' order for TLS 1.2 is as
+    before), and ``SSL_OP_PRIORITIZE_CHACHA`` keeps ChaCha20 for the clients that list it
+    first: those without AES instructions. Any other list is left as it is; so is
+    everything when libssl cannot be reached.
+    """
+    suites = tls13_suites(context)
+    if suites == PREFERRED_TLS13_SUITES:
+        return bool(context.options & ssl.OP_CIPHER_SERVER_PREFERENCE)
+    if suites != OPENSSL_TLS13_SUITES:
+        log.info("TLS: TLS 1.3 suites %s as configured for OpenSSL", ":".join(suites))
+        return False
+    lib = _libssl()
+    pointer = ssl_ctx_pointer(context, lib) if lib is not None else None
+    if lib is None or pointer is None:
+        return False
+    if lib.SSL_CTX_set_ciphersuites(pointer, ":".join(PREFERRED_TLS13_SUITES).encode("ascii")) != 1:
+        return False
+    context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE | OP_PRIORITIZE_CHACHA
+    return tls13_suites(context) == PREFERRED_TLS13_SUITES
 
 
 # --- the server side: a factory per listener, a transport per connection ----------------
