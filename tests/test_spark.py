@@ -7,7 +7,9 @@ import html
 import io
 import json
 import math
+import os
 import statistics
+import sys
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -614,3 +616,29 @@ def test_windows_longer_than_the_logs_say_not_enough_history(
         for r in rows(traffic.indicator_windows(per_second, end).where("indicator = 'connected_clients'"))
     }
     assert got["1d"] and not got["5d"] and not got["15mo"]
+
+
+def test_class_data_sharing_archive_is_written_once_then_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The JVM's class archive: off on request, written to a temporary name, promoted only once complete."""
+    from migratory_spark import session
+
+    monkeypatch.setenv(session.CDS_ENV, "0")
+    assert session.cds_options() == ("", None)
+    monkeypatch.setenv(session.CDS_ENV, str(tmp_path))
+    options, pending = session.cds_options()
+    assert pending is not None and f"-XX:ArchiveClassesAtExit={pending}" in options
+    assert session.cds_options()[1] is not None  # nothing written yet: this process may write it
+    dead = pending.replace(f".{os.getpid()}-", ".999999999-")
+    # a half-written archive (no header yet) of a JVM that is gone: removed once old, never used
+    Path(dead).write_bytes(b"\0" * 64)
+    old = datetime(2020, 1, 1).timestamp()
+    os.utime(dead, (old, old))
+    options, _ = session.cds_options()
+    assert "SharedArchiveFile" not in options and not Path(dead).exists()
+    # a complete one (the header, written last, carries the magic): renamed into place and used
+    Path(dead).write_bytes(session._CDS_MAGIC.to_bytes(4, sys.byteorder) + b"\0" * 60)
+    options, pending = session.cds_options()
+    assert pending is None and "-XX:SharedArchiveFile=" in options
+    archive = options.split("SharedArchiveFile=")[1].split()[0]
+    assert Path(archive).exists() and not Path(dead).exists()
+    assert "-Xlog:cds=off" in options
