@@ -142,7 +142,7 @@ def run_bench(
     phases: list[dict[str, Any]] = []  # each step: seconds into the report, Spark jobs so far
     try:
         began = time.perf_counter()
-        summary = run(spark, Options(dirs=made.folders, out=out), timed_steps(spark, step, phases))
+        summary = run(spark, Options(dirs=made.folders, out=out), timed_steps(spark, step, phases, show=False))
         analysed_s = time.perf_counter() - began
         jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
         phases.append({"step": "done", "seconds": round(analysed_s, 2), "jobs": jobs})

@@ -70,11 +70,14 @@ Step = Callable[[str], None]
 TIMING_ENV = "MIGRATORY_SPARK_TIMING"
 
 
-def timed_steps(spark: SparkSession, step: Step, record: list[dict[str, Any]] | None = None) -> Step:
+def timed_steps(
+    spark: SparkSession, step: Step, record: list[dict[str, Any]] | None = None, show: bool | None = None
+) -> Step:
     """``step``, and each call's time since the first and Spark's job count kept in ``record`` (and printed
-    on standard error under ``MIGRATORY_SPARK_TIMING=1``). A step names what starts or what just ended;
-    the last, ``done``, is only timed, not passed on."""
-    show = os.environ.get(TIMING_ENV, "") not in ("", "0")
+    on standard error with ``show``, by default under ``MIGRATORY_SPARK_TIMING=1``). A step names what
+    starts or what just ended; the last, ``done``, is only timed, not passed on."""
+    if show is None:
+        show = os.environ.get(TIMING_ENV, "") not in ("", "0")
     if record is None and not show:
         return step
     tracker = spark.sparkContext.statusTracker()
