@@ -462,6 +462,14 @@ class Config:
         _parse_text,
         "OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites are OpenSSL's own).",
     )
+    lean_transport: bool = key(
+        "LeanTransport",
+        True,
+        parse_bool,
+        "Serve the connections of plain listeners (Listen) from one epoll set per worker instead of an "
+        "event-loop transport each: about 1 KB less memory per connection (bench/million.md). "
+        "false: the event loop's transports, as before.",
+    )
     tls_lean_transport: bool = key(
         "TLSLeanTransport",
         True,

@@ -165,6 +165,10 @@ def run_cmd(
     server_pid: int = typer.Option(0, help="PID of the server to measure (its children too)."),
     spawn: bool = typer.Option(False, help="Start the server (and its peers' servers) on a free port."),
     workers: int | None = typer.Option(None, help="Workers of a spawned migratory server [default: 1]."),
+    members: int = typer.Option(
+        1, min=1, help="With --spawn: a local cluster of this many members, --workers split among them."
+    ),
+    mode: str = typer.Option("Standard", help="With --members: the cluster's ClusterDeliveryMode."),
     disconnect: bool = typer.Option(False, help="Connection storm: measure memory after everyone left."),
     idle: float = typer.Option(0.0, help="Seconds to leave the connections idle before measuring memory."),
     drain: float = typer.Option(60.0, help="Seconds to wait for the last deliveries after publishing."),
@@ -210,7 +214,19 @@ def run_cmd(
     config.size = max(8, config.size)
     if config.target in TLS_TARGETS and not spawn and not config.ca:
         raise typer.BadParameter("--ca is needed for a TLS target that --spawn does not start")
-    report = _run_with_progress(config)
+    if members > 1:
+        if not spawn or config.target != "migratory":
+            raise typer.BadParameter("a cluster is spawned for the migratory target only", param_hint="--members")
+        import tempfile
+
+        from migratory.bench import clusterbench
+
+        config.workers = max(1, -(-config.workers // members))
+        config.processes = max(config.processes, members)
+        with tempfile.TemporaryDirectory(prefix="migratory-bench-cluster-") as folder:
+            report = clusterbench.on_cluster(Path(folder), config, members, mode)
+    else:
+        report = _run_with_progress(config)
     _console.print(_table([report]))
     if as_json is not None:
         as_json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")

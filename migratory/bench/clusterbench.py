@@ -27,7 +27,7 @@ from migratory.bench.servers import spawn
 from migratory.client import EventKind, MigratoryClient, StatusEvent
 from migratory.protocol import Status
 
-__all__ = ["FailoverTimes", "failover", "fanout", "publish_latency"]
+__all__ = ["FailoverTimes", "failover", "fanout", "on_cluster", "publish_latency"]
 
 QUIET = {"MessageLog": "false", "AccessLog": "false", "KeepAliveInterval": "3600000", "MaxPendingOutput": "64MB"}
 
@@ -65,14 +65,25 @@ def fanout(
             server.stop()
         report.target = "migratory (1 server)"
         return report
-    with LocalCluster(folder, members, mode=mode, workers=workers, extra=QUIET) as cluster:
-        cluster.start_all(ready_timeout=60)
+    config.processes = max(processes, members)
+    config.workers = workers
+    return on_cluster(folder, config, members, mode)
+
+
+def on_cluster(folder: Path, config: BenchConfig, members: int, mode: str = "Standard") -> Report:
+    """Run ``config`` against a local cluster of ``members`` members of ``config.workers`` workers each.
+
+    Load-generator process i connects to member i % members; the publisher to the
+    first member, so every delivery to another member's clients crosses a member link.
+    """
+    with LocalCluster(folder, members, mode=mode, workers=config.workers, extra=QUIET) as cluster:
+        cluster.start_all(ready_timeout=120)
         for index in range(members):
-            cluster.wait_view(index, set(range(members)), timeout=60)
+            cluster.wait_view(index, set(range(members)), timeout=120)
         config.host, config.port = cluster[0].host, cluster[0].client_port
         config.endpoints = [(m.host, m.client_port) for m in cluster.members]
         config.server_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
-        config.processes = max(processes, members)
+        config.spawn = False  # the cluster is the server
         report = run(config)
     report.target = f"migratory ({members} members, {mode})"
     return report

@@ -132,6 +132,7 @@ class _Client(asyncio.Protocol):
         for future in (self.opened, self.ready):
             if not future.done():
                 future.set_exception(ConnectionError(f"connection lost: {exc}"))
+                future.exception()  # counted by whoever waits on it; no "never retrieved" log for the other
 
 
 async def _post(spec: LoaderSpec, requests: bytes, count: int) -> None:

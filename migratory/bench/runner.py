@@ -19,6 +19,9 @@ from migratory.bench.wire import TLS_TARGETS, Codec, base_target, codec_for
 __all__ = ["BROADCAST_TARGETS", "BenchConfig", "Report", "run"]
 
 BROADCAST_TARGETS = ("ws-broadcast", "websockets")
+# Connection attempts in flight across all loaders: enough to keep the server busy, few enough
+# that none waits out the server's HandshakeTimeout (10 s) when fifty loaders share two cores.
+IN_FLIGHT = 2048
 
 
 @dataclass
@@ -204,6 +207,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             port,
             config.sources[index % len(config.sources)],
             _Subjects(config, members),
+            concurrency=max(8, IN_FLIGHT // config.processes),
             ca=config.ca,
         )
         proc = context.Process(target=loader_main, args=(spec, child), daemon=True)

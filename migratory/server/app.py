@@ -30,6 +30,7 @@ from migratory.certs import CertError
 from migratory.config import Config, Endpoint
 from migratory.logs import JsonLineHandler, JsonLineWriter
 from migratory.privileges import PrivilegeError, drop_privileges
+from migratory.server import rawtransport
 from migratory.server.agent import serve_agent
 from migratory.server.bus import Bus
 from migratory.server.connection import Connection
@@ -166,7 +167,8 @@ async def serve(
     monitor = Monitor(engine, counters or SharedCounters(workers, listener_names(config), config.state_folder))
     engine.on_tick.append(monitor.tick)
     engine.start()
-    servers = []
+    servers: list[asyncio.Server | rawtransport.RawServer] = []
+    poller: rawtransport.Poller | None = None  # plain listeners' connections (LeanTransport)
     for endpoint, sock, scheme in sockets:
         listener = str(endpoint)
         if scheme == "wss":
@@ -194,6 +196,10 @@ async def serve(
                     ssl_handshake_timeout=config.handshake_timeout / 1000.0,
                 )
             )
+        elif config.lean_transport and rawtransport.available():
+            if poller is None:
+                poller = rawtransport.Poller(loop)
+            servers.append(rawtransport.RawServer(loop, sock, _factory(engine, listener, scheme), poller, BACKLOG))
         else:
             servers.append(await loop.create_server(_factory(engine, listener, scheme), sock=sock, backlog=BACKLOG))
     log.info(
@@ -209,6 +215,8 @@ async def serve(
         server.close()
     monitor.close()
     await engine.shutdown()
+    if poller is not None:
+        poller.close()
     if engine.bus is not None:
         await engine.bus.close()
     for server in servers:
