@@ -46,6 +46,14 @@ $cluster_rules
 }
 EOF
 nft -c -f /etc/nftables.conf
+# Under this firewall every client connection is a conntrack entry (about 300 bytes of kernel
+# memory); the kernel's default table (65,536 to 262,144 entries by memory) would refuse new
+# clients long before a million. The module loads at boot so that the setting applies.
+echo nf_conntrack > /etc/modules-load.d/migratorydata.conf
+cat > /etc/sysctl.d/60-migratorydata.conf <<EOF
+# Written by the migratorydata image build (docs/operations.md, "Many connections").
+net.netfilter.nf_conntrack_max = 2097152
+EOF
 systemctl enable nftables.service
 systemctl restart migratorydata.service
 rm -f /root/migratorydata.deb /root/migratorydata-analytics.deb /root/no-analytics /root/migratorydata.conf /root/provision.sh

@@ -166,7 +166,10 @@ def run_cmd(
     spawn: bool = typer.Option(False, help="Start the server (and its peers' servers) on a free port."),
     workers: int | None = typer.Option(None, help="Workers of a spawned migratory server [default: 1]."),
     members: int = typer.Option(
-        1, min=1, help="With --spawn: a local cluster of this many members, --workers split among them."
+        1,
+        min=1,
+        help="With --spawn: a local cluster of this many members. The publisher is alone on the last member, "
+        "the clients and --workers workers on each of the others: every delivery crosses a member link.",
     ),
     mode: str = typer.Option("Standard", help="With --members: the cluster's ClusterDeliveryMode."),
     disconnect: bool = typer.Option(False, help="Connection storm: measure memory after everyone left."),
@@ -221,10 +224,8 @@ def run_cmd(
 
         from migratory.bench import clusterbench
 
-        config.workers = max(1, -(-config.workers // members))
-        config.processes = max(config.processes, members)
         with tempfile.TemporaryDirectory(prefix="migratory-bench-cluster-") as folder:
-            report = clusterbench.on_cluster(Path(folder), config, members, mode)
+            report = clusterbench.on_cluster(Path(folder), config, members, mode, publisher_apart=True)
     else:
         report = _run_with_progress(config)
     _console.print(_table([report]))

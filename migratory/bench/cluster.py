@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,7 @@ class LocalCluster:
         size: int,
         *,
         mode: str = "Standard",
-        workers: int = 1,
+        workers: int | Sequence[int] = 1,  # one count for all, or one per member
         heartbeat_interval: int = 200,
         heartbeat_timeout: int = 1000,
         extra: Mapping[str, str] | None = None,
@@ -145,7 +145,7 @@ class LocalCluster:
                 "MonitorHTTP.Listen": f"{m.host}:{m.monitor_port}",
                 "LogFolder": str(m.folder / "logs"),
                 "StateFolder": str(m.folder / "state"),
-                "Workers": str(workers),
+                "Workers": str(workers if isinstance(workers, int) else workers[m.index]),
                 "ClusterMembers": members,
                 "ClusterMemberListen": f"{m.host}:{m.cluster_port}",
                 "ClusterPassword": password,

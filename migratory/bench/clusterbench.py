@@ -70,22 +70,28 @@ def fanout(
     return on_cluster(folder, config, members, mode)
 
 
-def on_cluster(folder: Path, config: BenchConfig, members: int, mode: str = "Standard") -> Report:
+def on_cluster(
+    folder: Path, config: BenchConfig, members: int, mode: str = "Standard", *, publisher_apart: bool = False
+) -> Report:
     """Run ``config`` against a local cluster of ``members`` members of ``config.workers`` workers each.
 
-    Load-generator process i connects to member i % members; the publisher to the
-    first member, so every delivery to another member's clients crosses a member link.
+    Load-generator process i connects to member i % members and the publisher to the
+    first member. ``publisher_apart``: the publisher alone on the last member (one
+    worker), the clients on the others, so that every delivery crosses a member link.
     """
-    with LocalCluster(folder, members, mode=mode, workers=config.workers, extra=QUIET) as cluster:
+    serving = members - 1 if publisher_apart else members
+    workers = [config.workers] * serving + [1] * (members - serving)
+    with LocalCluster(folder, members, mode=mode, workers=workers, extra=QUIET) as cluster:
         cluster.start_all(ready_timeout=120)
         for index in range(members):
             cluster.wait_view(index, set(range(members)), timeout=120)
-        config.host, config.port = cluster[0].host, cluster[0].client_port
-        config.endpoints = [(m.host, m.client_port) for m in cluster.members]
+        publisher = cluster[members - 1] if publisher_apart else cluster[0]
+        config.host, config.port = publisher.host, publisher.client_port
+        config.endpoints = [(m.host, m.client_port) for m in cluster.members[:serving]]
         config.server_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
         config.spawn = False  # the cluster is the server
         report = run(config)
-    report.target = f"migratory ({members} members, {mode})"
+    report.target = f"migratory ({members} members, {mode}{', publisher apart' if publisher_apart else ''})"
     return report
 
 
