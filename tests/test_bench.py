@@ -127,3 +127,44 @@ def test_stream_codec_parses_split_chunks() -> None:
     requests, count = codec.posts("127.0.0.1", ["/a", "/b"])
     assert count == 2 and requests.count(b"POST /stream/w0.7.abc HTTP/1.1") == 2
     assert requests.count(b"Connection: close") == 1
+
+
+def test_seed_preset_shape() -> None:
+    from migratory.bench.presets import preset
+
+    shape = preset("seed-10m")
+    assert shape["clients"] == 1_000_000 and shape["subjects"] == 10_000 and shape["size"] == 512
+    assert shape["rate"] * 60 == shape["subjects"]  # one message a minute for every subject, hence client
+    assert shape["messages"] == round(shape["rate"] * 600)  # held ten minutes
+    assert shape["processes"] * 18_000 >= 1_000_000 and shape["workers"] == shape["processes"]
+    small = preset("seed-10m", 50_000)
+    assert small["subjects"] == 500 and small["processes"] == 3
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset("seed-1b")
+
+
+@pytest.mark.timeout(1200)
+def test_fifty_thousand_connections_on_a_cluster_member(tmp_path: Path) -> None:
+    """Issue 18's correctness check: 50,000 subscribed clients on ten workers of one member, every message delivered.
+
+    The seed-10m shape at 50,000 clients (500 subjects, 512-byte messages, one a minute for
+    every client), the publisher alone on a second member so that each delivery crosses the
+    member link; nothing here is timed (bench/million.md has the measurements).
+    """
+    out = tmp_path / "seed-50k.json"
+    command = [sys.executable, "-m", "migratory_cli.main", "bench", "run", "--spawn", "--preset", "seed-10m"]
+    command += ["--clients", "50000", "--workers", "10", "--processes", "4", "--members", "2", "--hold", "15"]
+    command += ["--drain", "300", "--json", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1100)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["errors"] == []
+    assert report["connected"] == 50_000 and report["connect_errors"] == 0
+    assert report["published"] == round(500 / 60 * 15)
+    assert report["expected_deliveries"] == report["published"] * 100
+    assert report["delivered"] == report["expected_deliveries"]
+    assert 0 < report["latency_ms"]["p50"] <= report["latency_ms"]["p99"] <= report["latency_ms"]["max"]
+    assert report["latency_ms"]["mean"] > 0
+    assert report["sockstat_connected"]["inuse"] >= 100_000  # both ends of every client connection
+    assert report["server_processes"] >= 10 + 2 + 2  # ten workers, two supervisors, two member agents
+    assert report["server_pss_bytes_per_connection"] > 0

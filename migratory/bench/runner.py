@@ -308,7 +308,7 @@ async def _publish(
     subjects = [f"/bench/s{i}" for i in range(config.subjects)]
     padding = b"x" * max(0, config.size - 8)
     interval = 1.0 / config.rate if config.rate else 0.0
-    start = loop.time()
+    start = drained = loop.time()
     for n in range(config.messages):
         subject = subjects[n % len(subjects)]
         transport.write(codec.publish(subject, time.time_ns().to_bytes(8, "big") + padding))
@@ -323,8 +323,12 @@ async def _publish(
             deadline = loop.time() + config.drain_timeout
             while poll() < report.expected_deliveries and loop.time() < deadline:
                 await asyncio.sleep(0.005)
-        if n % 50 == 0:
-            poll()  # keep the loaders' progress pipes drained
+        now = loop.time()
+        if now - drained >= 0.05:
+            # keep the loaders' progress pipes drained: a full pipe blocks a loader's event loop,
+            # and its clients would read their messages late (seconds of false latency at low rates)
+            drained = now
+            poll()
             notify("publish", {"published": report.published, "messages": config.messages})
     await asyncio.sleep(0.05)
     transport.close()
