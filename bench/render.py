@@ -73,7 +73,57 @@ def single(name: str) -> str:
     return _table(["measure", "value"], [[k, json.dumps(r[k]) if not isinstance(r[k], str) else r[k]] for k in keys])
 
 
+def million() -> str:
+    """bench/million.md's scaling table: one row per results/million-<N>.json, slopes between rows."""
+    runs = sorted((_load(f.name)[0] for f in RESULTS.glob("million-*.json")), key=lambda r: r["clients"])
+    rows = []
+    previous: dict[str, Any] | None = None
+    for r in runs:
+        grown = (r["server_pss_mb_connected"] - r["server_pss_mb_before"]) * 2**20
+        slope = "-"
+        if previous is not None:
+            before = (previous["server_pss_mb_connected"] - previous["server_pss_mb_before"]) * 2**20
+            slope = f"{(grown - before) / (r['connected'] - previous['connected']):,.0f} B"
+        inuse = r.get("sockstat_connected", {}).get("inuse", 0)
+        lat = r["latency_ms"]
+        rows.append(
+            [
+                f"{r['clients']:,}",
+                f"{r['connected']:,}",
+                str(r["server_processes"]),
+                f"{r['server_pss_mb_per_process_before']:.1f} MB",
+                f"{grown / max(r['connected'], 1):,.0f} B",
+                slope,
+                f"{r['connect_rate']:,.0f}",
+                f"{r['delivered']:,} / {r['expected_deliveries']:,}",
+                f"{r['server_cpu_us_per_delivery']:.1f} us",
+                f"{lat.get('mean', 0):.1f} / {lat['p50']:.1f} / {lat['p99']:.1f} / {lat['max']:.0f}",
+                f"{inuse:,}",
+                " / ".join(f"{v:.1f}" for v in r["load_average"]),
+            ]
+        )
+        previous = r
+    headers = [
+        "clients",
+        "connected",
+        "server processes",
+        "PSS per process before",
+        "PSS per connection",
+        "slope from the row above",
+        "connect rate (conn/s)",
+        "delivered",
+        "server CPU per delivery",
+        "latency mean / p50 / p99 / max (ms)",
+        "kernel TCP sockets",
+        "load at start",
+    ]
+    return _table(headers, rows)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["million"]:
+        sys.stdout.write(million() + "\n")
+        raise SystemExit(0)
     for title, text in [
         ("(a) idle", idle()),
         ("(b) saturation", fanout("b-fanout-16k-saturation.json")),

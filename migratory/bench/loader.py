@@ -1,7 +1,7 @@
 """A load-generator process: many asyncio clients of one target, from one source address.
 
 The parent sends commands over a pipe ("stop") and receives progress:
-``("connected", ok, errors, seconds)`` once every client is subscribed, then
+``("connected", ok, errors, seconds, {reason: count})`` once every client is subscribed, then
 ``("stats", delivered, histogram, max_ns, sum_ns)`` a few times per second.
 """
 
@@ -86,6 +86,7 @@ class _State:
         self.histogram = [0] * BUCKETS
         self.max_ns = 0
         self.sum_ns = 0  # for the mean latency (the seeds' benchmark states an average)
+        self.reasons: dict[str, int] = {}  # why clients failed to connect, and how many
         self.ready = 0
         self.errors = 0
 
@@ -180,8 +181,10 @@ async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State) -> 
             await asyncio.wait_for(_post(spec, *codec.posts(spec.host, subjects)), 60)
         await asyncio.wait_for(client.ready, 60)
         return transport
-    except (OSError, ConnectionError, TimeoutError, ssl.SSLError):
+    except (OSError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
         state.errors += 1
+        reason = f"{type(exc).__name__}: {exc}"[:100]
+        state.reasons[reason] = state.reasons.get(reason, 0) + 1
         sock.close()
         return None
 
@@ -196,7 +199,7 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
             return await _connect(spec, subjects, state)
 
     transports = [t for t in await asyncio.gather(*(one(s) for s in spec.subjects)) if t is not None]
-    pipe.send(("connected", len(transports), state.errors, time.monotonic() - started))
+    pipe.send(("connected", len(transports), state.errors, time.monotonic() - started, state.reasons))
     # The pipe stays a blocking descriptor (no add_reader: it would make our sends
     # non-blocking and fail when the parent is busy); commands are polled instead.
     while not (pipe.poll() and pipe.recv() == "stop"):

@@ -213,10 +213,13 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
         proc = context.Process(target=loader_main, args=(spec, child), daemon=True)
         proc.start()
         loaders.append((proc, parent))
+    reasons: dict[str, int] = {}
     for _, pipe in loaders:
         message = pipe.recv()
         report.connected += message[1]
         report.connect_errors += message[2]
+        for reason, count in message[4].items():
+            reasons[reason] = reasons.get(reason, 0) + count
         notify("connect", {"connected": report.connected, "clients": config.clients})
     report.connect_seconds = round(time.monotonic() - started, 3)
     report.connect_rate = round(report.connected / max(report.connect_seconds, 1e-9), 1)
@@ -288,7 +291,12 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
                 break
         proc.join(30)
     if report.connect_errors:
-        report.errors.append(f"{report.connect_errors} clients failed to connect or subscribe")
+        common = sorted(reasons.items(), key=lambda item: -item[1])[:3]
+        report.errors.append(
+            f"{report.connect_errors} clients failed to connect or subscribe ("
+            + "; ".join(f"{count} x {reason}" for reason, count in common)
+            + ")"
+        )
     if config.disconnect and meter is not None:
         time.sleep(2.0)
         report.server_rss_mb_after_disconnect = meter.rss_bytes() / 2**20
