@@ -1,4 +1,4 @@
-"""A load-generator process: many asyncio clients of one target, from one source address.
+"""A load-generator process: many asyncio clients of one target, from one or more source addresses.
 
 The parent sends commands over a pipe ("stop") and receives progress:
 ``("connected", ok, errors, seconds, {reason: count})`` once every client is subscribed, then
@@ -47,6 +47,11 @@ class LoaderSpec:
     subjects: Sequence[Sequence[str]]  # one entry per client
     concurrency: int = 256
     ca: str = ""  # a TLS target: the CA file its certificate is checked against
+    # Clients take these in turn (``source`` alone when empty). Linux looks for a free local port
+    # in connect() by scanning, first in one half of ip_local_port_range: past some 14,000
+    # connections from one address to one server port, every connect() burns milliseconds of
+    # system CPU, so a loader of many clients spreads them over several addresses.
+    sources: tuple[str, ...] = ()
 
 
 @functools.lru_cache(maxsize=4)
@@ -163,12 +168,12 @@ async def _post(spec: LoaderSpec, requests: bytes, count: int) -> None:
         raise ConnectionError(f"POST /stream refused: {answer[:60]!r}")
 
 
-async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State) -> asyncio.Transport | None:
+async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State, source: str) -> asyncio.Transport | None:
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
-        sock.bind((spec.source, 0))
+        sock.bind((source, 0))
         sock.setblocking(False)
         await loop.sock_connect(sock, (spec.host, spec.port))
         codec = codec_for(spec.target)
@@ -194,11 +199,14 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
     started = time.monotonic()
     semaphore = asyncio.Semaphore(spec.concurrency)
 
-    async def one(subjects: Sequence[str]) -> asyncio.Transport | None:
-        async with semaphore:
-            return await _connect(spec, subjects, state)
+    pool = spec.sources or (spec.source,)
 
-    transports = [t for t in await asyncio.gather(*(one(s) for s in spec.subjects)) if t is not None]
+    async def one(index: int, subjects: Sequence[str]) -> asyncio.Transport | None:
+        async with semaphore:
+            return await _connect(spec, subjects, state, pool[index % len(pool)])
+
+    opened = await asyncio.gather(*(one(i, s) for i, s in enumerate(spec.subjects)))
+    transports = [t for t in opened if t is not None]
     pipe.send(("connected", len(transports), state.errors, time.monotonic() - started, state.reasons))
     # The pipe stays a blocking descriptor (no add_reader: it would make our sends
     # non-blocking and fail when the parent is busy); commands are polled instead.

@@ -21,6 +21,16 @@ __all__ = ["PER_PROCESS", "PRESETS", "preset"]
 PER_PROCESS = 18_000
 SUBSCRIBERS_PER_SUBJECT = 100
 HOLD_SECONDS = 600.0
+SOURCES_PER_PROCESS = 4  # about 4,500 connections per source address (see LoaderSpec.sources)
+
+
+def _addresses(count: int) -> str:
+    """``count`` loopback source addresses from 127.0.1.1 on, as ``migratory bench run --sources`` takes them."""
+    out = []
+    for n in range(count):
+        third, fourth = divmod(n, 254)
+        out.append(f"127.0.{1 + third}.{1 + fourth}")
+    return ",".join(out)
 
 
 def _seed(clients: int) -> dict[str, Any]:
@@ -36,7 +46,7 @@ def _seed(clients: int) -> dict[str, Any]:
         "messages": max(1, round(rate * HOLD_SECONDS)),
         "processes": processes,
         "workers": processes,
-        "sources": f"127.0.1.1-127.0.1.{processes}" if processes <= 254 else "",
+        "sources": _addresses(processes * SOURCES_PER_PROCESS),
     }
 
 

@@ -209,6 +209,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             _Subjects(config, members),
             concurrency=max(8, IN_FLIGHT // config.processes),
             ca=config.ca,
+            sources=tuple(config.sources[index :: config.processes]),  # more addresses than loaders: shared out
         )
         proc = context.Process(target=loader_main, args=(spec, child), daemon=True)
         proc.start()
