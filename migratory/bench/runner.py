@@ -339,5 +339,7 @@ async def _publish(
             drained = now
             poll()
             notify("publish", {"published": report.published, "messages": config.messages})
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # the last answers
     transport.close()
+    for why, count in getattr(codec, "refused", {}).items():
+        report.errors.append(f"{count} publications answered {why}")

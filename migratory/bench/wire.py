@@ -145,6 +145,12 @@ def _mask_control(opcode: int, payload: bytes) -> bytes:
 
 
 class MigratoryCodec(_WebSocket):
+    refused: dict[str, int]  # a publisher's publications answered other than OK, by status and reason
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = {}
+
     def after_upgrade(self, subjects: Sequence[str]) -> bytes:
         out = _mask(p.encode_connect())
         if subjects:
@@ -167,6 +173,11 @@ class MigratoryCodec(_WebSocket):
                     out.append(frame.content)
             elif payload[0] == p.Op.SUBSCRIBE_STATUS and payload[1] == p.Status.OK:
                 self.subscribed += 1
+            elif payload[0] == p.Op.PUBLISH_STATUS and len(payload) > 1 and payload[1] != p.Status.OK:
+                answer = p.decode_server(payload)
+                assert isinstance(answer, p.PublishStatus)
+                why = f"{answer.status.name}: {answer.reason}"[:100]
+                self.refused[why] = self.refused.get(why, 0) + 1
         return out, pong
 
     def is_ready(self, subjects: int) -> bool:
