@@ -174,6 +174,9 @@ def run_cmd(
     mode: str = typer.Option("Standard", help="With --members: the cluster's ClusterDeliveryMode."),
     disconnect: bool = typer.Option(False, help="Connection storm: measure memory after everyone left."),
     idle: float = typer.Option(0.0, help="Seconds to leave the connections idle before measuring memory."),
+    setting: list[str] = typer.Option(
+        [], "--set", help="KEY=VALUE for the spawned migratory server's configuration (repeatable)."
+    ),
     drain: float = typer.Option(60.0, help="Seconds to wait for the last deliveries after publishing."),
     ca: Path | None = typer.Option(
         None, help="TLS targets without --spawn: the CA file the server's certificate is checked against."
@@ -215,6 +218,11 @@ def run_cmd(
         **options,
     )
     config.size = max(8, config.size)
+    for item in setting:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
+        config.settings[key.strip()] = value.strip()
     if config.target in TLS_TARGETS and not spawn and not config.ca:
         raise typer.BadParameter("--ca is needed for a TLS target that --spawn does not start")
     if members > 1:

@@ -84,7 +84,13 @@ def on_cluster(
     # the product's heartbeat (500 ms, 3 s), not the fault tests' fast one: a member agent among a
     # hundred busy processes on two cores misses a 1-s deadline, and the link flaps
     with LocalCluster(
-        folder, members, mode=mode, workers=workers, extra=QUIET, heartbeat_interval=500, heartbeat_timeout=3000
+        folder,
+        members,
+        mode=mode,
+        workers=workers,
+        extra={**QUIET, **config.settings},
+        heartbeat_interval=500,
+        heartbeat_timeout=3000,
     ) as cluster:
         cluster.start_all(ready_timeout=120)
         for index in range(members):
@@ -167,11 +173,7 @@ def failover(
     """SIGKILL one member under ``clients`` clients; time each of its clients back to a current state."""
     subjects = [f"/failover/s{i}" for i in range(10)]
     context = multiprocessing.get_context("fork")
-    # the product's heartbeat (500 ms, 3 s), not the fault tests' fast one: a member agent among a
-    # hundred busy processes on two cores misses a 1-s deadline, and the link flaps
-    with LocalCluster(
-        folder, members, mode=mode, workers=workers, extra=QUIET, heartbeat_interval=500, heartbeat_timeout=3000
-    ) as cluster:
+    with LocalCluster(folder, members, mode=mode, workers=workers, extra=QUIET) as cluster:
         cluster.start_all(ready_timeout=60)
         for index in range(members):
             cluster.wait_view(index, set(range(members)), timeout=60)

@@ -48,6 +48,7 @@ class BenchConfig:
     disconnect: bool = False  # storm: disconnect everyone at the end and measure memory again
     endpoints: list[tuple[str, int]] = field(default_factory=list)  # a cluster: loader i uses endpoints[i % n]
     server_pids: list[int] = field(default_factory=list)  # a cluster: every member's supervisor
+    settings: dict[str, str] = field(default_factory=dict)  # extra configuration of a spawned migratory server
     ca: str = ""  # a TLS target's CA file (set by --spawn, which makes a test CA)
 
 
@@ -166,7 +167,7 @@ def run(config: BenchConfig, progress: Progress | None = None) -> Report:
     notify: Progress = progress or (lambda phase, values: None)
     server: SpawnedServer | None = None
     if config.spawn:
-        server = spawn(config.target, config.host, config.workers)
+        server = spawn(config.target, config.host, config.workers, settings=config.settings)
         config.port = server.port
         config.server_pid = server.proc.pid
         config.ca = server.extra.get("ca", "")

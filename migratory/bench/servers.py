@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,7 +160,13 @@ def make_test_pki(folder: Path, host: str) -> tuple[Path, Path, Path]:
     return ca_cert, cert, key
 
 
-def spawn(kind: str, host: str = "127.0.0.1", workers: int = 1, max_pending: str = "64MB") -> SpawnedServer:
+def spawn(
+    kind: str,
+    host: str = "127.0.0.1",
+    workers: int = 1,
+    max_pending: str = "64MB",
+    settings: Mapping[str, str] | None = None,
+) -> SpawnedServer:
     """Start a server of ``kind`` (a target of migratory/bench/wire.py) on a free port.
 
     The TLS kinds (``migratory-wss``, ``nats-tls``, ``mqtt-tls``) serve a certificate
@@ -184,6 +190,7 @@ def spawn(kind: str, host: str = "127.0.0.1", workers: int = 1, max_pending: str
         conf.write_text(
             f"{listeners}Workers = {workers}\nLogFolder = {folder}/logs\nStateFolder = {folder}/state\n"
             f"KeepAliveInterval = 3600000\nMessageLog = false\nAccessLog = false\nMaxPendingOutput = {max_pending}\n"
+            + "".join(f"{key} = {value}\n" for key, value in (settings or {}).items())
         )
         cmd = [sys.executable, "-m", "migratory_cli.main", "serve", "-c", str(conf)]
     elif kind in ("nats", "nats-tls"):
