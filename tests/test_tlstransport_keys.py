@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from migratory.server import tlstransport
 from migratory.server.tlstransport import TLSServer, TLSTransport, expand_label
-from tests.test_tlstransport import App, Pair, client_context, pki, server_context
+from tests.test_tlstransport import Pair, client_context, loop, pki, tls_server
 
-__all__ = ["pki"]  # the module-scoped certificate fixture, shared with test_tlstransport
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture
-def server(pki: dict[str, Path], loop: asyncio.AbstractEventLoop) -> TLSServer:
-    return TLSServer(server_context(pki), App, 5.0, loop)
+__all__ = ["loop", "pki", "tls_server"]  # fixtures shared with test_tlstransport
 
 
 def key_and_iv(transport: TLSTransport, secret: bytes) -> tuple[bytes, int]:
@@ -40,9 +26,9 @@ def no_hkdf(*_args: object) -> bytes:
 
 
 def test_a_swept_connection_wakes_up_from_its_kept_keys(
-    server: TLSServer, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    tls_server: TLSServer, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pair = Pair(server, client_context(pki))
+    pair = Pair(tls_server, client_context(pki))
     pair.handshake(with_data=b"GET / HTTP/1.1\r\n\r\n")
     transport = pair.transport
     assert transport.lean
@@ -50,33 +36,33 @@ def test_a_swept_connection_wakes_up_from_its_kept_keys(
     assert (transport._rkey, transport._riv) == key_and_iv(transport, transport._rsecret)
     transport.write(b"first")
     assert pair.receive() == b"first"
-    server.sweep()
-    server.sweep()
-    assert transport._enc is None and transport._dec is None and server.holding == 0
+    tls_server.sweep()
+    tls_server.sweep()
+    assert transport._enc is None and transport._dec is None and tls_server.holding == 0
     monkeypatch.setattr(tlstransport, "expand_label", no_hkdf)
     for n in range(3):  # wake up, both ways, then idle again
         transport.write(b"after sweep %d" % n)
         assert pair.receive() == b"after sweep %d" % n
         pair.send(b"from the client %d" % n)
         assert pair.app.received.endswith(b"from the client %d" % n)
-        assert server.holding == 1
-        server.sweep()
-        server.sweep()
+        assert tls_server.holding == 1
+        tls_server.sweep()
+        tls_server.sweep()
         assert transport._enc is None and transport._dec is None
 
 
 def test_key_updates_renew_the_kept_keys(
-    server: TLSServer, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    tls_server: TLSServer, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tlstransport, "KEY_UPDATE_AFTER", 3)
-    pair = Pair(server, client_context(pki))
+    pair = Pair(tls_server, client_context(pki))
     pair.handshake()
     transport = pair.transport
     first_key = transport._wkey
     for n in range(4):
         transport.write(b"m%d" % n)
-        server.sweep()
-        server.sweep()  # the next write rebuilds its cipher object from whatever key is current
+        tls_server.sweep()
+        tls_server.sweep()  # the next write rebuilds its cipher object from whatever key is current
     assert pair.receive() == b"m0m1m2m3"
     assert transport._wkey != first_key
     assert (transport._wkey, transport._wiv) == key_and_iv(transport, transport._wsecret)
@@ -86,18 +72,18 @@ def test_key_updates_renew_the_kept_keys(
     assert transport._wkey == transport._rkey == b""
 
 
-def test_one_message_is_framed_once_for_every_connection(server: TLSServer, pki: dict[str, Path]) -> None:
-    pairs = [Pair(server, client_context(pki)) for _ in range(3)]
+def test_one_message_is_framed_once_for_every_connection(tls_server: TLSServer, pki: dict[str, Path]) -> None:
+    pairs = [Pair(tls_server, client_context(pki)) for _ in range(3)]
     for pair in pairs:
         pair.handshake()
     frame = b"\x82\x05hello"
     for pair in pairs:
         pair.transport.write(frame)
-    assert server._frame is frame and server._inner == frame + b"\x17"
-    inner = server._inner
+    assert tls_server._frame is frame and tls_server._inner == frame + b"\x17"
+    inner = tls_server._inner
     for pair in pairs:
         pair.transport.write(frame)
-        assert server._inner is inner  # shared, not made again
+        assert tls_server._inner is inner  # shared, not made again
         assert pair.receive() == frame * 2
     # mutable buffers are sealed as they are now, and never kept
     buffer = bytearray(b"mutable")
@@ -105,7 +91,7 @@ def test_one_message_is_framed_once_for_every_connection(server: TLSServer, pki:
     buffer[:] = b"changed"
     pairs[0].transport.write(buffer)
     pairs[0].transport.write(memoryview(b"a view"))
-    assert server._frame is frame
+    assert tls_server._frame is frame
     assert pairs[0].receive() == b"mutablechangeda view"
     # a record of the largest size, and one byte more (two records)
     for size in (tlstransport.MAX_PLAINTEXT, tlstransport.MAX_PLAINTEXT + 1):
