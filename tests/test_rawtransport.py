@@ -205,3 +205,26 @@ async def test_out_of_descriptors_pauses_accepting_then_resumes(monkeypatch: pyt
         assert await asyncio.wait_for(reader.readexactly(12), 10) == b"still served"
         assert server.serving
         writer.close()
+
+
+@sync
+async def test_a_failing_protocol_costs_only_its_own_connection(caplog: pytest.LogCaptureFixture) -> None:
+    async with serving(echo=True) as (_, poller, port):
+        bad_reader, bad_writer = await asyncio.open_connection("127.0.0.1", port)
+        good_reader, good_writer = await asyncio.open_connection("127.0.0.1", port)
+        await until(lambda: len(Recorder.instances) == 2)
+        bad = Recorder.instances[0]
+
+        def explode(data: bytes) -> None:
+            raise RuntimeError("bug")
+
+        bad.data_received = explode  # type: ignore[method-assign]
+        bad_writer.write(b"boom")
+        assert await asyncio.wait_for(bad.lost, 10) is None
+        assert "protocol failed (RuntimeError: bug)" in caplog.text
+        good_writer.write(b"fine")
+        assert await asyncio.wait_for(good_reader.readexactly(4), 10) == b"fine"
+        assert len(poller.transports) == 1
+        for writer in (bad_writer, good_writer):
+            writer.close()
+        del bad_reader

@@ -64,10 +64,14 @@ class Poller:
             transport = transports.get(fd)
             if transport is None:  # closed by an earlier callback of this turn
                 continue
-            if mask & _OUT:
-                transport._write_ready()
-            if mask & ~_OUT and transports.get(fd) is transport:
-                transport._read_ready()
+            try:
+                if mask & _OUT:
+                    transport._write_ready()
+                if mask & ~_OUT and transports.get(fd) is transport:
+                    transport._read_ready()
+            except Exception as exc:  # a protocol's bug costs its connection, never the others of this turn
+                log.error("connection dropped: its protocol failed (%s: %s)", type(exc).__name__, exc)
+                transport.abort()
 
     def close(self) -> None:
         """Abort what is still open and stop watching."""
