@@ -82,6 +82,26 @@ async def serving(echo: bool = False) -> AsyncIterator[tuple[rt.RawServer, rt.Po
         poller.close()
 
 
+async def accepted(port: int) -> tuple[socket.socket, Recorder]:
+    """A plain client socket and the server's protocol of its connection."""
+    client = socket.create_connection(("127.0.0.1", port))
+    await until(lambda: Recorder.instances)
+    return client, Recorder.instances[0]
+
+
+async def receive(client: socket.socket, size: int | None = None) -> bytes:
+    """``size`` bytes from the server, or (no size) everything until it closes."""
+    client.setblocking(False)
+    loop = asyncio.get_running_loop()
+    received = bytearray()
+    while size is None or len(received) < size:
+        data = await asyncio.wait_for(loop.sock_recv(client, 1 << 20), 10)
+        if not data:
+            break
+        received += data
+    return bytes(received)
+
+
 async def until(predicate: Any, timeout: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
@@ -110,20 +130,13 @@ async def test_echo_peer_address_and_eof() -> None:
 @sync
 async def test_backpressure_pauses_and_resumes_and_loses_nothing() -> None:
     async with serving() as (_, _, port):
-        client = socket.create_connection(("127.0.0.1", port))
-        await until(lambda: Recorder.instances)
-        server_side = Recorder.instances[0]
+        client, server_side = await accepted(port)
         chunk = bytes(range(256)) * 256  # 64 KiB
         for _ in range(400):  # far more than the kernel buffers of a reader that does not read
             server_side.transport.write(chunk)
         assert "pause" in server_side.events
         assert server_side.transport.get_write_buffer_size() > 0
-        client.setblocking(False)
-        received = bytearray()
-        loop = asyncio.get_running_loop()
-        while len(received) < 400 * len(chunk):
-            received += await asyncio.wait_for(loop.sock_recv(client, 1 << 20), 10)
-        assert received == chunk * 400
+        assert await receive(client, 400 * len(chunk)) == chunk * 400
         await until(lambda: "resume" in server_side.events)
         assert server_side.transport.get_write_buffer_size() == 0
         client.close()
@@ -132,23 +145,13 @@ async def test_backpressure_pauses_and_resumes_and_loses_nothing() -> None:
 @sync
 async def test_close_sends_what_is_buffered_first() -> None:
     async with serving() as (_, poller, port):
-        client = socket.create_connection(("127.0.0.1", port))
-        await until(lambda: Recorder.instances)
-        server_side = Recorder.instances[0]
+        client, server_side = await accepted(port)
         payload = b"z" * (3 << 20)
         server_side.transport.write(payload)
         server_side.transport.close()
         assert server_side.transport.is_closing()
         server_side.transport.write(b"after close")  # ignored, as asyncio's transports do
-        client.setblocking(False)
-        loop = asyncio.get_running_loop()
-        received = bytearray()
-        while True:
-            data = await asyncio.wait_for(loop.sock_recv(client, 1 << 20), 10)
-            if not data:
-                break
-            received += data
-        assert received == payload
+        assert await receive(client) == payload
         assert await asyncio.wait_for(server_side.lost, 10) is None
         assert not poller.transports
         client.close()
@@ -173,9 +176,7 @@ async def test_abort_drops_buffer_and_peer_reset_is_reported() -> None:
 @sync
 async def test_pause_reading_holds_input_until_resumed() -> None:
     async with serving() as (_, _, port):
-        client = socket.create_connection(("127.0.0.1", port))
-        await until(lambda: Recorder.instances)
-        server_side = Recorder.instances[0]
+        client, server_side = await accepted(port)
         server_side.transport.pause_reading()
         assert not server_side.transport.is_reading()
         client.sendall(b"held")

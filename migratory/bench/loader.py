@@ -208,12 +208,16 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
     opened = await asyncio.gather(*(one(i, s) for i, s in enumerate(spec.subjects)))
     transports = [t for t in opened if t is not None]
     pipe.send(("connected", len(transports), state.errors, time.monotonic() - started, state.reasons))
+
     # The pipe stays a blocking descriptor (no add_reader: it would make our sends
     # non-blocking and fail when the parent is busy); commands are polled instead.
-    while not (pipe.poll() and pipe.recv() == "stop"):
+    def stats() -> None:
         pipe.send(("stats", state.delivered, list(state.histogram), state.max_ns, state.sum_ns))
+
+    while not (pipe.poll() and pipe.recv() == "stop"):
+        stats()
         await asyncio.sleep(0.2)
-    pipe.send(("stats", state.delivered, list(state.histogram), state.max_ns, state.sum_ns))
+    stats()
     for transport in transports:
         transport.abort()
     pipe.send(("closed", len(transports)))

@@ -7,8 +7,8 @@ a minute, so N clients receive N/60 messages a second in total, held for 10 minu
 Its server and load-generator processes follow from the client count: one process holds
 at most ``PER_PROCESS`` connections, under this machine's 20,000 open files a process
 (a few hundred stay free for the worker bus, listeners and logs), and each load
-generator gets a source address of its own (28,000 ports each under the default
-``ip_local_port_range``).
+generator gets four source addresses of its own (connect() slows down sharply past
+about 14,000 ports of one address under the default ``ip_local_port_range``).
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ class RawTransport:
 
     def pause_reading(self) -> None:
         if not self._closing:
-            self._watch((self._mask & ~_IN) & 0xFFFF)
+            self._watch(self._mask & ~_IN)
 
     def resume_reading(self) -> None:
         if not self._closing:
@@ -198,7 +198,7 @@ class RawTransport:
         if count:
             self.protocol.data_received(bytes(poller.view[:count]))
             return
-        self._watch((self._mask & ~_IN) & 0xFFFF)  # at end of file the socket stays readable
+        self._watch(self._mask & ~_IN)  # at end of file the socket stays readable
         keep_open = self.protocol.eof_received()
         if not keep_open:
             self.close()
@@ -206,7 +206,7 @@ class RawTransport:
     def _write_ready(self) -> None:
         buffer = self._buffer
         if buffer is None:
-            self._watch((self._mask & ~_OUT) & 0xFFFF)
+            self._watch(self._mask & ~_OUT)
             return
         try:
             sent = os.write(self.fd, buffer)
@@ -216,16 +216,13 @@ class RawTransport:
             self._fail(exc)
             return
         del buffer[:sent]
-        if buffer:
-            if self._paused_protocol or len(buffer) > _LOW_WATER:
-                return
-        else:
+        if not buffer:
             self._buffer = None
             if self._closing:
                 self._finish(None)
                 return
-            self._watch((self._mask & ~_OUT) & 0xFFFF)
-        if self._paused_protocol and self.get_write_buffer_size() <= _LOW_WATER:
+            self._watch(self._mask & ~_OUT)
+        if self._paused_protocol and len(buffer) <= _LOW_WATER:
             self._paused_protocol = False
             self.protocol.resume_writing()
 
