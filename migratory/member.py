@@ -194,6 +194,7 @@ class Member:
                 "link_down",
                 "resyncs",
                 "syncs_served",
+                "joins",
                 "stale_dropped",
                 "readmitted",
                 "conflicts",
@@ -453,6 +454,7 @@ class Member:
     def _sync_done(self, member: int, done: SyncDone, now: float) -> None:
         if self._join is not None and self._join[0] == done.request:
             self._join = None
+            self.counters["joins"] += 1  # ready because a ready member's full state arrived, not by default
             self._become_ready(now)
             return
         claim = self._claims.get(done.request)

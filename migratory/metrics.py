@@ -167,6 +167,7 @@ def _cluster_families(document: Mapping[str, Any]) -> list[Metric]:
         "link_down": "Member links that went down.",
         "resyncs": "Subjects whose history was replaced by a merge (their subscribers were resynced).",
         "syncs_served": "State syncs this member sent to other members.",
+        "joins": "Full state syncs this member took from a ready member before serving.",
         "claims": "Times this member took over subject groups.",
         "publish_failed": "Publications answered FAILED by this member's agent.",
     }

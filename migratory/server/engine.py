@@ -886,6 +886,9 @@ class Engine:
             )
 
     def health(self) -> Mapping[str, Any]:
+        # the monitor refreshes these once a second; a health probe right after a sync must see it
+        self.stats.subjects = len(self.replica.subjects())
+        self.stats.snapshots = len(self.replica)
         document: dict[str, Any] = {
             "status": "ok" if self.ready else "syncing",
             "ready": self.ready,
@@ -893,7 +896,6 @@ class Engine:
             "worker": self.worker,
             "pid": os.getpid(),
             "workers": self.workers,
-            "subjects": len(self.replica),
             **self.stats.as_dict(),
         }
         if self.cluster:
