@@ -14,5 +14,6 @@ for n in "${points[@]}"; do
   [ "$n" -ge 1000000 ] && hold=600
   echo "== $n clients, hold $hold s, $(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
   .venv/bin/migratory bench run --spawn --preset seed-10m --clients "$n" --members 2 --hold "$hold" \
-    --drain 120 --json "bench/results/million-$n.json" || echo "run of $n clients reported errors"
+    --set BusBatchingTime=20 --drain 120 --json "bench/results/million-$n.json" \
+    || echo "run of $n clients reported errors"
 done

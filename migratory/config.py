@@ -377,6 +377,15 @@ class Config:
         _size_parser(0),
         "Bytes of collected output that trigger a write before BatchingTime expires; 0 disables size batching.",
     )
+    bus_batching_time: int = key(
+        "BusBatchingTime",
+        0,
+        _int_parser(0, 1000),
+        "Milliseconds during which the workers and the member agent of this node collect what they send "
+        "each other before one write; 0 writes once per event-loop turn. Each write wakes the receiving "
+        "process, and at many workers and low per-client rates the wake-ups, not the messages, cost the "
+        "CPU (bench/million.md). Messages between processes wait up to this long.",
+    )
     max_subscriptions_per_client: int = key(
         "MaxSubscriptionsPerClient",
         10000,

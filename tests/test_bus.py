@@ -69,3 +69,38 @@ def test_oversized_and_lying_frames_are_refused() -> None:
         b.decode(lying)
     with pytest.raises(b.BusError, match="trailing"):
         b.decode(b.encode(b.Welcome(b"x"))[4:] + b"junk")
+
+
+class _Recorder:
+    """Stands in for a link's transport: what each write carried."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+
+@pytest.mark.parametrize(("batching", "expected"), [(0.0, [b"one", b"two"]), (1.0, [b"onetwo"])])
+def test_bus_batching_joins_frames_of_separate_loop_turns(batching: float, expected: list[bytes]) -> None:
+    """BusBatchingTime: frames written in different loop turns leave in one write (one wake-up of the
+    receiving process); without it, each loop turn's frames leave at its end."""
+    import asyncio
+
+    from migratory.server.bus import Bus, _Outbound
+
+    async def scenario() -> list[bytes]:
+        bus = Bus(0, [1], "test", b"secret", lambda frame, peer: None, lambda peer: None, batching=batching)
+        peer = bus.peers[1]
+        peer.up = True
+        peer.writer = _Outbound()
+        recorder = _Recorder()
+        peer.writer.transport = recorder  # type: ignore[assignment]
+        assert bus.send_raw(1, b"one")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert bus.send_raw(1, b"two")
+        await asyncio.sleep(batching + 0.1)
+        return recorder.writes
+
+    assert asyncio.run(scenario()) == expected

@@ -10,6 +10,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from migratory.client import ClientMessage, MigratoryClient
 from migratory.message import MessageType
 from migratory.protocol import Status
@@ -43,8 +45,12 @@ def health(server: ServerProcess) -> dict[str, object]:
         return dict(json.loads(answer.read()))
 
 
-def test_publications_reach_every_worker_in_order(server_factory: Callable[..., ServerProcess]) -> None:
-    server = server_factory({"Workers": "2"})
+@pytest.mark.parametrize("bus_batching", ["0", "20"])
+def test_publications_reach_every_worker_in_order(
+    server_factory: Callable[..., ServerProcess], bus_batching: str
+) -> None:
+    """Also with BusBatchingTime: frames between workers wait for company, none is lost or reordered."""
+    server = server_factory({"Workers": "2", "BusBatchingTime": bus_batching})
     subjects = [f"/w/s{i}" for i in range(6)]  # spread over both workers' subject groups
 
     async def scenario() -> None:

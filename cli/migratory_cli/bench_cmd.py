@@ -34,6 +34,10 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
     ("latency mean (ms)", lambda r: f"{r.latency_ms.get('mean', 0):g}"),
     ("server CPU (s), of which system", lambda r: f"{r.server_cpu_seconds:.2f}, {r.server_cpu_system_seconds:.2f}"),
     ("server CPU per delivery (us)", lambda r: f"{r.server_cpu_us_per_delivery:.3f}"),
+    (
+        "load-generator CPU (s), per delivery (us)",
+        lambda r: f"{r.loader_cpu_seconds:.2f}, {r.loader_cpu_us_per_delivery:.3f}",
+    ),
     ("server RSS before / connected (MB)", lambda r: f"{r.server_rss_mb_before:.1f} / {r.server_rss_mb_connected:.1f}"),
     ("server memory per connection (B)", lambda r: f"{r.server_bytes_per_connection:,.0f}"),
     (
@@ -135,6 +139,7 @@ _RUN_DEFAULTS: dict[str, object] = {
     "processes": 2,
     "sources": "127.0.0.1",
     "workers": 1,
+    "loader_poll": 0.0,
 }
 
 
@@ -178,6 +183,12 @@ def run_cmd(
         [], "--set", help="KEY=VALUE for the spawned migratory server's configuration (repeatable)."
     ),
     drain: float = typer.Option(60.0, help="Seconds to wait for the last deliveries after publishing."),
+    loader_poll: float | None = typer.Option(
+        None,
+        min=0.0,
+        help="Seconds between the load generators' reads once subscribed (0: wake on every message) "
+        "[default: 0]. The latency includes the wait.",
+    ),
     ca: Path | None = typer.Option(
         None, help="TLS targets without --spawn: the CA file the server's certificate is checked against."
     ),
@@ -194,6 +205,7 @@ def run_cmd(
         "processes": processes,
         "sources": sources,
         "workers": workers,
+        "loader_poll": loader_poll,
     }
     options = dict(_RUN_DEFAULTS)
     if preset is not None:

@@ -22,6 +22,9 @@ BROADCAST_TARGETS = ("ws-broadcast", "websockets")
 # Connection attempts in flight across all loaders: enough to keep the server busy, few enough
 # that none waits out the server's HandshakeTimeout (10 s) when fifty loaders share two cores.
 IN_FLIGHT = 2048
+# At rates above 1/PUBLISH_TICK the publisher writes what is due every PUBLISH_TICK seconds (each message
+# stamped when written, so the latency measured includes nothing of the wait).
+PUBLISH_TICK = 0.005
 
 
 @dataclass
@@ -50,6 +53,7 @@ class BenchConfig:
     server_pids: list[int] = field(default_factory=list)  # a cluster: every member's supervisor
     settings: dict[str, str] = field(default_factory=dict)  # extra configuration of a spawned migratory server
     ca: str = ""  # a TLS target's CA file (set by --spawn, which makes a test CA)
+    loader_poll: float = 0.0  # seconds between the loaders' reads once subscribed (LoaderSpec.poll); 0: on each
 
 
 @dataclass
@@ -73,6 +77,8 @@ class Report:
     server_cpu_seconds: float = 0.0
     server_cpu_system_seconds: float = 0.0
     server_cpu_us_per_delivery: float = 0.0
+    loader_cpu_seconds: float = 0.0  # the load generators' own CPU while publishing (they share the machine)
+    loader_cpu_us_per_delivery: float = 0.0
     server_rss_mb_before: float = 0.0
     server_rss_mb_connected: float = 0.0
     server_rss_mb_after_disconnect: float = 0.0
@@ -211,6 +217,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             concurrency=max(8, IN_FLIGHT // config.processes),
             ca=config.ca,
             sources=tuple(config.sources[index :: config.processes]),  # more addresses than loaders: shared out
+            poll=config.loader_poll,
         )
         proc = context.Process(target=loader_main, args=(spec, child), daemon=True)
         proc.start()
@@ -231,13 +238,14 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
     histograms = [[0] * BUCKETS for _ in loaders]
     max_ns = [0] * len(loaders)
     sum_ns = [0] * len(loaders)
+    loader_cpu = [0.0] * len(loaders)
 
     def poll() -> int:
         for i, (_, pipe) in enumerate(loaders):
             while pipe.poll():
                 message = pipe.recv()
                 if message[0] == "stats":
-                    delivered[i], histograms[i], max_ns[i], sum_ns[i] = message[1:5]
+                    delivered[i], histograms[i], max_ns[i], sum_ns[i], loader_cpu[i] = message[1:6]
         return sum(delivered)
 
     report.sockstat_connected = sockstat()
@@ -263,6 +271,9 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
                 subscribers[subject] = subscribers.get(subject, 0) + 1
     if config.messages:
         cpu_before = meter.cpu_split() if meter is not None else (0.0, 0.0)
+        time.sleep(0.25)  # every loader's latest stats (a few a second), for its CPU before publishing
+        poll()
+        loader_cpu_before = sum(loader_cpu)
         publish_started = time.monotonic()
         asyncio.run(_publish(config, report, subscribers, poll, notify))
         deadline = time.monotonic() + config.drain_timeout
@@ -273,6 +284,9 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
         report.delivered = poll()
         report.publish_seconds = round(time.monotonic() - publish_started, 3)
         report.deliveries_per_second = round(report.delivered / max(report.publish_seconds, 1e-9), 1)
+        report.loader_cpu_seconds = round(sum(loader_cpu) - loader_cpu_before, 3)
+        if report.delivered:
+            report.loader_cpu_us_per_delivery = round(report.loader_cpu_seconds * 1e6 / report.delivered, 3)
         if meter is not None:
             user, system = meter.cpu_split()
             report.server_cpu_seconds = round(user + system - sum(cpu_before), 3)
@@ -325,9 +339,11 @@ async def _publish(
         report.published += 1
         report.expected_deliveries += subscribers.get(subject, 0)
         if interval:
+            # what is due goes out together, at most every PUBLISH_TICK: one wake-up of the publisher per
+            # message would cost the shared cores more than the server's work for it
             delay = start + (n + 1) * interval - loop.time()
             if delay > 0:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(max(delay, PUBLISH_TICK))
         elif (n + 1) % config.burst == 0:
             # closed loop: the next burst goes out once this one is delivered
             deadline = loop.time() + config.drain_timeout

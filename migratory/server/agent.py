@@ -120,6 +120,7 @@ async def serve_agent(
         on_frame=lambda frame, worker: worker_frame(worker, frame),
         on_link_up=lambda worker: member().worker_up(worker),
         on_link_down=lambda worker: member().worker_down(worker),
+        batching=config.bus_batching_time / 1000.0,
     )
     links = MemberLinks(
         config,

@@ -149,11 +149,26 @@ async def serve(
     engine = Engine(config, epoch, loop, access, message, worker=worker, workers=workers, incarnation=incarnation)
     if config.clustered:  # a star around the member agent, which coordinates every subject
         engine.bus = Bus(
-            worker, [workers], namespace, secret, engine.on_bus_frame, engine.on_link_up, engine.on_link_down
+            worker,
+            [workers],
+            namespace,
+            secret,
+            engine.on_bus_frame,
+            engine.on_link_up,
+            engine.on_link_down,
+            batching=config.bus_batching_time / 1000.0,
         )
         await engine.bus.start()
     elif workers > 1:
-        engine.bus = Bus(worker, range(workers), namespace, secret, engine.on_bus_frame, engine.on_link_up)
+        engine.bus = Bus(
+            worker,
+            range(workers),
+            namespace,
+            secret,
+            engine.on_bus_frame,
+            engine.on_link_up,
+            batching=config.bus_batching_time / 1000.0,
+        )
         await engine.bus.start()
         # accept clients only once every peer is linked, so none of their broadcasts is missed
         ready = asyncio.ensure_future(engine.bus.wait_ready(10.0))

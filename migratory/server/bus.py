@@ -156,8 +156,10 @@ class Bus:
         on_frame: Callable[[b.BusFrame, int], None],
         on_link_up: Callable[[int], None],
         on_link_down: Callable[[int], None] | None = None,
+        batching: float = 0.0,
     ) -> None:
         self.worker = worker
+        self.batching = batching  # seconds frames wait for company before a write (BusBatchingTime)
         self.namespace = namespace
         self.secret = secret
         self.on_frame = on_frame
@@ -257,7 +259,10 @@ class Bus:
             self._dirty.append(peer)
             if not self._flush_armed:
                 self._flush_armed = True
-                asyncio.get_running_loop().call_soon(self._flush)
+                if self.batching:
+                    asyncio.get_running_loop().call_later(self.batching, self._flush)
+                else:
+                    asyncio.get_running_loop().call_soon(self._flush)
         peer.pending.append(frame)
 
     def _flush(self) -> None:
