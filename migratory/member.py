@@ -875,7 +875,7 @@ class Member:
             "table_version": self.table.version,
             "table_members": list(self.table.members),
             "groups": self.coordinated(),
-            "subjects": len(self.replica.subjects()),
+            "subjects": self.replica.subject_count(),
             "snapshots": len(self.replica),
             "cached_messages": self.replica.cached_messages(),
             "self": dict(self.status()),

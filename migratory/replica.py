@@ -119,7 +119,7 @@ class _State:
 class Replica:
     """Every subject's position, snapshot and (optionally) cache, in one process."""
 
-    __slots__ = ("_cached", "_ids", "_states", "cache_size", "cache_ttl", "gaps")
+    __slots__ = ("_cached", "_ids", "_snapshots", "_states", "cache_size", "cache_ttl", "gaps")
 
     def __init__(self, cache_size: int = 0, cache_ttl: float = 0.0) -> None:
         self.cache_size = cache_size
@@ -127,6 +127,7 @@ class Replica:
         self._states: dict[str, _State] = {}
         self._cached: set[str] = set()
         self._ids: dict[str, tuple[str, int, int]] = {}
+        self._snapshots = 0  # subjects with a snapshot, kept as they change: counted every second
         self.gaps = 0
 
     # --- reading ------------------------------------------------------------------------
@@ -159,9 +160,13 @@ class Replica:
         """Every subject with a position (published at least once)."""
         return list(self._states)
 
+    def subject_count(self) -> int:
+        """``len(subjects())`` without the list."""
+        return len(self._states)
+
     def __len__(self) -> int:
         """Subjects that have a snapshot."""
-        return sum(1 for state in self._states.values() if state.snapshot is not None)
+        return self._snapshots
 
     def cached_messages(self) -> int:
         return sum(len(self._states[s].cache or ()) for s in self._cached)
@@ -205,6 +210,8 @@ class Replica:
         state.seq = entry.seq
         if entry.retained:
             previous = state.snapshot
+            if previous is None:
+                self._snapshots += 1
             fields = entry.fields if previous is None else merge_fields(previous.fields, entry.fields)
             state.snapshot = Snapshot(subject, entry.content, dict(fields), entry.seq, entry.epoch)
         if self.cache_size:
@@ -288,6 +295,7 @@ class Replica:
             state = self._states[sync.subject] = _State()
         else:
             self._drop_cache(sync.subject, state)
+        self._snapshots += (sync.snapshot is not None) - (state.snapshot is not None)
         state.epoch, state.seq, state.snapshot = sync.epoch, sync.seq, sync.snapshot
         if self.cache_size and sync.entries and sync.entries[-1].seq == sync.seq:
             self._fill(sync.subject, state, sync.entries, now)

@@ -176,3 +176,25 @@ def test_merge_delivers_a_contiguous_continuation_or_a_resync(total: int, seen: 
     else:
         assert merged.resync and not merged.new
     assert behind.get(S) == full.get(S)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["/a", "/b", "/c"]), st.booleans(), st.integers(0, 3), st.booleans()), max_size=30
+    )
+)
+def test_snapshot_count_follows_applies_and_merges(steps: list[tuple[str, bool, int, bool]]) -> None:
+    """len(replica) is kept as snapshots come and go (the monitor asks every second; counting was O(subjects))."""
+    replica = Replica(cache_size=4, cache_ttl=100.0)
+    other = Replica(cache_size=4, cache_ttl=100.0)
+    for subject, retained, skip, from_other in steps:
+        if from_other:  # another replica's state of the subject, merged in: may bring or replace a snapshot
+            other.apply(subject, Entry(9, other.next_seq(subject) + skip, b"o", {}, retained), 0.0)
+            state = other.sync(subject)
+            assert state is not None
+            replica.merge(state, 0.0)
+        else:
+            replica.apply(subject, Entry(1, replica.next_seq(subject) + skip, b"m", {}, retained), 0.0)
+        assert len(replica) == sum(replica.get(s) is not None for s in replica.subjects())
+        assert replica.subject_count() == len(replica.subjects())

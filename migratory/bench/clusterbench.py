@@ -14,6 +14,7 @@ Standard mode, NOTIFY_DATA_SYNC in Guaranteed mode).
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import time
 from dataclasses import dataclass
@@ -101,8 +102,28 @@ def on_cluster(
         config.server_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
         config.spawn = False  # the cluster is the server
         report = run(config)
+        report.errors += _member_warnings(cluster)
     report.target = f"migratory ({members} members, {mode}{', publisher apart' if publisher_apart else ''})"
     return report
+
+
+def _member_warnings(cluster: LocalCluster, keep: int = 6) -> list[str]:
+    """What the members logged at WARNING or worse during the run (a member link that went down explains
+    messages a Standard-mode cluster did not deliver), the first few lines of each member."""
+    out = []
+    for index in range(len(cluster.members)):
+        lines = []
+        for line in cluster.server_log(index).splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("level") in ("WARNING", "ERROR", "CRITICAL"):
+                lines.append(f"{record.get('ts', '')} {record.get('msg', '')}")
+        out += [f"member {index}: {line[:200]}" for line in lines[:keep]]
+        if len(lines) > keep:
+            out.append(f"member {index}: {len(lines) - keep} more warnings")
+    return out
 
 
 @dataclass

@@ -149,7 +149,7 @@ async def serve_agent(
         totals = counters.totals() if counters is not None else {}
         return {
             "clients": totals.get("connections", 0),
-            "subjects": len(machine.replica.subjects()),
+            "subjects": machine.replica.subject_count(),
             "snapshots": len(machine.replica),
             "groups": len(machine.coordinated()),
             "ready": machine.ready,

@@ -887,7 +887,7 @@ class Engine:
 
     def health(self) -> Mapping[str, Any]:
         # the monitor refreshes these once a second; a health probe right after a sync must see it
-        self.stats.subjects = len(self.replica.subjects())
+        self.stats.subjects = self.replica.subject_count()
         self.stats.snapshots = len(self.replica)
         document: dict[str, Any] = {
             "status": "ok" if self.ready else "syncing",
