@@ -270,10 +270,10 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             for subject in _subjects_of(config, client):
                 subscribers[subject] = subscribers.get(subject, 0) + 1
     if config.messages:
-        cpu_before = meter.cpu_split() if meter is not None else (0.0, 0.0)
         time.sleep(0.25)  # every loader's latest stats (a few a second), for its CPU before publishing
         poll()
         loader_cpu_before = sum(loader_cpu)
+        cpu_before = meter.cpu_split() if meter is not None else (0.0, 0.0)
         publish_started = time.monotonic()
         asyncio.run(_publish(config, report, subscribers, poll, notify))
         deadline = time.monotonic() + config.drain_timeout
