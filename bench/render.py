@@ -73,6 +73,13 @@ def single(name: str) -> str:
     return _table(["measure", "value"], [[k, json.dumps(r[k]) if not isinstance(r[k], str) else r[k]] for k in keys])
 
 
+def _waits(r: dict[str, Any]) -> str:
+    """The deliberate waits of a run: the server's BusBatchingTime and the load generators' read interval."""
+    if "settings" not in r:
+        return "0 / 0 (before both existed)"
+    return f"{r['settings'].get('BusBatchingTime', '0')} ms / {r.get('loader_poll', 0) * 1000:.0f} ms"
+
+
 def million() -> str:
     """bench/million.md's scaling table: one row per results/million-<N>.json, slopes between rows."""
     runs = sorted((_load(f.name)[0] for f in RESULTS.glob("million-*.json")), key=lambda r: r["clients"])
@@ -97,6 +104,8 @@ def million() -> str:
                 f"{r['connect_rate']:,.0f}",
                 f"{r['delivered']:,} / {r['expected_deliveries']:,}",
                 f"{r['server_cpu_us_per_delivery']:.1f} us",
+                f"{r['loader_cpu_us_per_delivery']:.1f} us" if "loader_cpu_us_per_delivery" in r else "-",
+                _waits(r),
                 f"{lat.get('mean', 0):.1f} / {lat['p50']:.1f} / {lat['p99']:.1f} / {lat['max']:.0f}",
                 f"{inuse:,}",
                 " / ".join(f"{v:.1f}" for v in r["load_average"]),
@@ -113,6 +122,8 @@ def million() -> str:
         "connect rate (conn/s)",
         "delivered",
         "server CPU per delivery",
+        "load-generator CPU per delivery",
+        "BusBatchingTime / loader poll",
         "latency mean / p50 / p99 / max (ms)",
         "kernel TCP sockets",
         "load at start",

@@ -185,6 +185,9 @@ class Member:
         self._interest_dirty: set[str] = set()
         self._remote: dict[str, dict[int, int]] = {}  # subject -> member -> subscribers
         self._last_beat = -1e9
+        self._last_tick: float | None = None
+        self._last_grace = -1e9
+        self.paused = 0  # ticks that came after this member itself had not run for a while
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "replicated_in",
@@ -773,6 +776,17 @@ class Member:
             for member in list(self.peers):
                 self._beat(member, now)
         timeout = self.s.heartbeat_timeout
+        paused = self._last_tick is not None and now - self._last_tick > max(2 * interval, timeout / 3)
+        if paused and now - self._last_grace >= 2 * timeout:
+            # This member did not run for a while (a saturated host, a long pause): its peers' frames
+            # may be waiting unread, and silence it did not listen to is no evidence against them.
+            # Each gets a full timeout from now (Cassandra's failure detector also ignores local pauses),
+            # at most once per two timeouts, so that a member that is always late still drops a dead peer.
+            self._last_grace = now
+            self.paused += 1
+            for peer in self.peers.values():
+                peer.heard = max(peer.heard, now)
+        self._last_tick = now
         for member, peer in list(self.peers.items()):
             if now - peer.heard > timeout:
                 self.wire.drop_peer(member, f"no heartbeat for {timeout:.1f} s")

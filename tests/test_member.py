@@ -374,3 +374,17 @@ def test_guaranteed_a_member_never_confirms_a_message_it_holds_under_another_epo
     assert member.counters["conflicts"] == 1 and not member.ready
     net.run(5)
     assert member.ready
+
+
+def test_a_member_that_did_not_run_does_not_drop_peers_it_did_not_listen_to() -> None:
+    """A tick that comes seconds after the previous one (the member itself was not scheduled) gives its
+    peers a fresh timeout; a peer that then stays silent is dropped as before."""
+    net = started(3)
+    net.run(5, step=5.0)  # frames were delivered, then the members did not run for 5 s (timeout: 3 s)
+    assert all(m.counters["link_down"] == 0 for m in net.members.values())
+    assert all(m.paused == 1 for m in net.members.values())
+    net.members.pop(2)  # hung: its links stay up, it sends nothing and reads nothing
+    net.run(6, step=1.2)  # and the others keep running late: the grace comes once per timeout, not forever
+    assert net.members[0].counters["link_down"] == 1 and 2 not in net.members[0].peers
+    assert net.members[1].counters["link_down"] == 1 and 2 not in net.members[1].peers
+    assert 1 in net.members[0].peers and 0 in net.members[1].peers  # they heard each other all along

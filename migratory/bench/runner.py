@@ -91,6 +91,8 @@ class Report:
     sockstat_before: dict[str, int] = field(default_factory=dict)  # /proc/net/sockstat's TCP line
     sockstat_connected: dict[str, int] = field(default_factory=dict)
     load_average: list[float] = field(default_factory=list)  # 1, 5, 15 minutes, when the run started
+    loader_poll: float = 0.0  # the load generators' read interval once subscribed (0: on every message)
+    settings: dict[str, str] = field(default_factory=dict)  # --set: the spawned server's extra configuration
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -191,6 +193,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
         config.target, config.clients, config.subjects, config.subjects_per_client, config.size, config.rate
     )
     report.load_average = [round(v, 2) for v in os.getloadavg()]
+    report.loader_poll, report.settings = config.loader_poll, dict(config.settings)
     meter: ProcessMeter | MultiMeter | None = ProcessMeter(config.server_pid) if config.server_pid else None
     if config.server_pids:
         meter = MultiMeter([ProcessMeter(pid) for pid in config.server_pids])
