@@ -187,7 +187,6 @@ class Member:
         self._last_beat = -1e9
         self._last_tick: float | None = None
         self._last_grace = -1e9
-        self.paused = 0  # ticks that came after this member itself had not run for a while
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "replicated_in",
@@ -198,6 +197,7 @@ class Member:
                 "resyncs",
                 "syncs_served",
                 "joins",
+                "paused",
                 "stale_dropped",
                 "readmitted",
                 "conflicts",
@@ -783,7 +783,7 @@ class Member:
             # Each gets a full timeout from now (Cassandra's failure detector also ignores local pauses),
             # at most once per two timeouts, so that a member that is always late still drops a dead peer.
             self._last_grace = now
-            self.paused += 1
+            self.counters["paused"] += 1
             for peer in self.peers.values():
                 peer.heard = max(peer.heard, now)
         self._last_tick = now

@@ -168,7 +168,12 @@ def _cluster_families(document: Mapping[str, Any]) -> list[Metric]:
         "resyncs": "Subjects whose history was replaced by a merge (their subscribers were resynced).",
         "syncs_served": "State syncs this member sent to other members.",
         "joins": "Full state syncs this member took from a ready member before serving.",
+        "paused": "Times this member had not run for a while and gave its peers a fresh heartbeat timeout.",
         "claims": "Times this member took over subject groups.",
+        "stale_dropped": "Frames of an older epoch (a fenced coordinator's) this member dropped.",
+        "readmitted": "Times this member was taken back into the Guaranteed-mode table.",
+        "conflicts": "Guaranteed mode: copies held under another epoch that made this member start over.",
+        "acks_in": "Guaranteed mode: acknowledgements of second copies this member received.",
         "publish_failed": "Publications answered FAILED by this member's agent.",
     }
     counters = document.get("counters", {})

@@ -382,9 +382,23 @@ def test_a_member_that_did_not_run_does_not_drop_peers_it_did_not_listen_to() ->
     net = started(3)
     net.run(5, step=5.0)  # frames were delivered, then the members did not run for 5 s (timeout: 3 s)
     assert all(m.counters["link_down"] == 0 for m in net.members.values())
-    assert all(m.paused == 1 for m in net.members.values())
+    assert all(m.counters["paused"] == 1 for m in net.members.values())
     net.members.pop(2)  # hung: its links stay up, it sends nothing and reads nothing
     net.run(6, step=1.2)  # and the others keep running late: the grace comes once per timeout, not forever
     assert net.members[0].counters["link_down"] == 1 and 2 not in net.members[0].peers
     assert net.members[1].counters["link_down"] == 1 and 2 not in net.members[1].peers
     assert 1 in net.members[0].peers and 0 in net.members[1].peers  # they heard each other all along
+
+
+def test_the_cluster_counters_reach_the_metrics() -> None:
+    """Every counter the member keeps is exported by /metrics as migratory_cluster_<name>_total."""
+    from migratory.metrics import exposition, node_families
+
+    net = started(3)
+    net.run(5, step=5.0)
+    document = net.members[0].describe()
+    families = node_families({}, {}, {}, {}, {}, 0, cluster=document)
+    text = exposition(families).decode()
+    for name, value in document["counters"].items():
+        assert f"migratory_cluster_{name}_total {float(value)}" in text, name
+    assert "migratory_cluster_paused_total 1.0" in text
