@@ -30,7 +30,7 @@ from migratory.certs import CertError
 from migratory.config import Config, Endpoint
 from migratory.logs import JsonLineHandler, JsonLineWriter
 from migratory.privileges import PrivilegeError, drop_privileges
-from migratory.server import rawtransport
+from migratory.server import pauses, rawtransport
 from migratory.server.agent import serve_agent
 from migratory.server.bus import Bus
 from migratory.server.connection import Connection
@@ -268,6 +268,7 @@ def _worker_main(config: Config, sockets: list[Listener], **kwargs: object) -> N
             loop.add_signal_handler(signal.SIGHUP, _reload_certificate, tls, config)
         else:  # `systemctl reload` without TLS: nothing to reload, and SIGHUP's default would kill the worker
             loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: no TLS listener, nothing to reload")
+        pauses.watch(loop, f"worker {kwargs.get('worker', 0)}")
         await serve(config, sockets, stop, **kwargs)  # type: ignore[arg-type]
 
     _run_loop(main)
@@ -294,6 +295,7 @@ def _agent_main(config: Config, **kwargs: object) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: the member agent has nothing to reload")
+        pauses.watch(loop, "member agent")
         await serve_agent(config, stop, **kwargs)  # type: ignore[arg-type]
 
     _run_loop(main)
