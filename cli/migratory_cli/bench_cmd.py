@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -56,7 +57,8 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
     ),
     ("server RSS after disconnect (MB)", lambda r: f"{r.server_rss_mb_after_disconnect:.1f}"),
     ("load average at start (1/5/15 min)", lambda r: " / ".join(f"{v:.2f}" for v in r.load_average) or "-"),
-    ("errors", lambda r: "; ".join(r.errors) or "none"),
+    ("errors", lambda r: escape("; ".join(r.errors)) or "none"),  # server text: never read as markup
+    ("cluster members' warnings", lambda r: escape("; ".join(r.member_warnings)) or "none"),
 ]
 
 

@@ -102,7 +102,7 @@ def on_cluster(
         config.server_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
         config.spawn = False  # the cluster is the server
         report = run(config)
-        report.errors += _member_warnings(cluster)
+        report.member_warnings = _member_warnings(cluster)
     report.target = f"migratory ({members} members, {mode}{', publisher apart' if publisher_apart else ''})"
     return report
 

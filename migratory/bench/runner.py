@@ -94,6 +94,9 @@ class Report:
     loader_poll: float = 0.0  # the load generators' read interval once subscribed (0: on every message)
     settings: dict[str, str] = field(default_factory=dict)  # --set: the spawned server's extra configuration
     errors: list[str] = field(default_factory=list)
+    # a local cluster: what its members logged at WARNING or worse (a dropped member link, a stalled
+    # process), the teardown included; context for the figures, not a failure of the run by itself
+    member_warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
