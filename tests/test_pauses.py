@@ -6,17 +6,25 @@ import asyncio
 import gc
 import logging
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from migratory.server import pauses
 
 
+@pytest.fixture(autouse=True)
+def _gc_callbacks() -> Iterator[None]:
+    """watch() adds a garbage-collector callback for the life of the process; a test's ends with it."""
+    callbacks = list(gc.callbacks)
+    yield
+    gc.callbacks[:] = callbacks
+
+
 def test_a_stalled_loop_and_a_long_collection_are_logged(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pauses, "LONG_GC", 0.0)  # every collection counts as long here
-    callbacks = list(gc.callbacks)
 
     async def scenario() -> None:
         pauses.watch(asyncio.get_running_loop(), "worker 3")
@@ -25,27 +33,19 @@ def test_a_stalled_loop_and_a_long_collection_are_logged(
         await asyncio.sleep(0.1)
         gc.collect()
 
-    try:
-        with caplog.at_level(logging.WARNING, logger="migratory.server"):
-            asyncio.run(scenario())
-    finally:
-        gc.callbacks[:] = callbacks
+    with caplog.at_level(logging.WARNING, logger="migratory.server"):
+        asyncio.run(scenario())
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("worker 3: event loop stalled for 1.") for m in messages), messages
     assert any(m.startswith("worker 3: garbage collection of generation 2 held the process") for m in messages)
 
 
 def test_a_loop_that_keeps_up_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    callbacks = list(gc.callbacks)
-
     async def scenario() -> None:
         pauses.watch(asyncio.get_running_loop(), "member agent")
         for _ in range(15):
             await asyncio.sleep(0.1)
 
-    try:
-        with caplog.at_level(logging.WARNING, logger="migratory.server"):
-            asyncio.run(scenario())
-    finally:
-        gc.callbacks[:] = callbacks
+    with caplog.at_level(logging.WARNING, logger="migratory.server"):
+        asyncio.run(scenario())
     assert not [r for r in caplog.records if "stalled" in r.getMessage()]

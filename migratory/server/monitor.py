@@ -218,8 +218,7 @@ class Monitor:
         return [v + b for v, b in zip(values, self.base, strict=True)]
 
     def tick(self) -> None:
-        self.engine.stats.subjects = self.engine.replica.subject_count()
-        self.engine.stats.snapshots = len(self.engine.replica)
+        self.engine.count_replica()
         self.shared.write(self.engine.worker, self.own_values())
         if not self.keeper:
             return
