@@ -8,6 +8,7 @@ message and the checker (migratory/bench/checker.py) judges their histories.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -312,6 +313,10 @@ def test_a_hung_member_is_detected_then_rejoins(cluster3: LocalCluster) -> None:
             for subject in subjects:
                 assert await publisher.publish(subject, value, retries=2) in (Status.OK, Status.NO_SUBSCRIBER)
 
+    # what keeps a saturated member from going silent like this: its agent runs ahead of its workers
+    names = cluster.processes(2)
+    agent, worker = (os.getpriority(os.PRIO_PROCESS, names[n]) for n in ("migratory-agent", "migratory-w0"))
+    assert agent == (worker - 10 if os.geteuid() == 0 else worker), (agent, worker)
     run(publish(b"before", 0))
     cluster.signal(2, 19)  # SIGSTOP: alive, silent
     try:

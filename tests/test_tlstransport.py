@@ -468,3 +468,25 @@ def test_every_tls13_suite_key_updates_and_minimum_version(
         ["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-tls1_2"], input=b"", capture_output=True, timeout=30
     )
     assert refused.returncode != 0 and b"alert protocol version" in refused.stdout + refused.stderr
+
+
+def test_a_sweep_after_many_handshakes_gives_the_heap_back(
+    tls_server: TLSServer, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a connection storm the handshakes' freed OpenSSL objects go back to the system, once per storm."""
+    trims: list[int] = []
+    monkeypatch.setattr(tlstransport.heap, "trim", lambda: trims.append(1) or True)
+    pairs = []
+    for _ in range(tlstransport.TRIM_AFTER - 1):
+        pair = Pair(tls_server, client_context(pki))
+        pair.handshake()
+        pairs.append(pair)
+    tls_server.sweep()
+    assert trims == []  # a handful of reconnections costs no heap walk
+    pair = Pair(tls_server, client_context(pki))
+    pair.handshake()
+    pairs.append(pair)
+    tls_server.sweep()
+    assert trims == [1]
+    tls_server.sweep()
+    assert trims == [1]  # nothing freed since: no second walk

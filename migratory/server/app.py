@@ -30,7 +30,7 @@ from migratory.certs import CertError
 from migratory.config import Config, Endpoint
 from migratory.logs import JsonLineHandler, JsonLineWriter
 from migratory.privileges import PrivilegeError, drop_privileges
-from migratory.server import pauses, rawtransport
+from migratory.server import pauses, priority, rawtransport
 from migratory.server.agent import serve_agent
 from migratory.server.bus import Bus
 from migratory.server.connection import Connection
@@ -296,6 +296,7 @@ def _agent_main(config: Config, **kwargs: object) -> None:
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: the member agent has nothing to reload")
         pauses.watch(loop, "member agent")
+        priority.precede("member agent")
         await serve_agent(config, stop, **kwargs)  # type: ignore[arg-type]
 
     _run_loop(main)

@@ -86,12 +86,17 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
+from migratory.server import heap
+
 __all__ = ["SWEEP_SECONDS", "TLSServer", "TLSTransport", "enable", "prefer_aes128"]
 
 log = logging.getLogger("migratory.server.tls")
 
 SWEEP_SECONDS = 2.0
 """Cipher objects unused for between one and two sweeps are dropped (idle connections hold none)."""
+TRIM_AFTER = 64
+"""A sweep gives the C heap's free pages back (:func:`migratory.server.heap.trim`) once this many
+OpenSSL or cipher objects were freed since the last time: a handful of reconnections costs no heap walk."""
 
 KEY_UPDATE_AFTER = 1 << 24
 """Records sent under one key before we update it (RFC 8446 5.5 allows 2^24.5 for AES-GCM)."""
@@ -338,6 +343,7 @@ class TLSServer:
     __slots__ = (
         "_active",
         "_frame",
+        "_freed",
         "_header",
         "_inner",
         "_sweeping",
@@ -366,6 +372,7 @@ class TLSServer:
         self.lean = lean and enable(context)
         self._active: list[TLSTransport] = []  # connections holding a cipher object
         self._sweeping: asyncio.TimerHandle | None = None
+        self._freed = 0  # OpenSSL objects and cipher objects freed since the heap was last trimmed
         # the last frame written, with its record plaintext and header (see inner)
         self._frame = b""
         self._inner = b""
@@ -390,7 +397,11 @@ class TLSServer:
                 keep.append(transport)
             else:
                 transport._release()
+                self._freed += 1
         self._active = keep
+        if self._freed >= TRIM_AFTER:
+            self._freed = 0
+            heap.trim()  # after a connection storm: the handshakes' freed memory back to the system
         if keep:
             self._sweeping = self.loop.call_later(SWEEP_SECONDS, self.sweep)
 
@@ -679,6 +690,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         if self._take_over(sslobj, final):
             leftover = self._incoming.read() if self._incoming is not None else b""
             self._ssl = self._incoming = self._outgoing = None  # OpenSSL's state goes now
+            self._server._freed += 1
             self._state = _RECORDS
             if final:
                 self._tcp.write(final)  # type: ignore[union-attr]

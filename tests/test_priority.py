@@ -1,0 +1,78 @@
+"""The member agent's precedence over the workers: taken where allowed, said when refused.
+
+(The package's unit allows it through RLIMIT_NICE, `LimitNICE=-10`; raising that hard limit needs
+CAP_SYS_RESOURCE, which this machine's root lacks, so the allowed case is CAP_SYS_NICE here.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from migratory.server import priority
+
+PR_CAPBSET_DROP = 24  # <linux/prctl.h>
+CAP_SYS_NICE = 23  # <linux/capability.h>
+PROBE = (
+    "import logging, os, sys\n"
+    "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
+    "from migratory.server.priority import precede\n"
+    "print('result', precede('member agent'), os.getpriority(os.PRIO_PROCESS, 0))\n"
+)
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (CAP_SYS_NICE, and CAP_SETPCAP to drop it)")
+
+
+def _without_cap_sys_nice() -> None:
+    """Root without CAP_SYS_NICE (dropped from the bounding set, so the exec'd interpreter lacks it) and
+    without an RLIMIT_NICE that allows going below nice 0: what an unprivileged service user is."""
+    if resource.getrlimit(resource.RLIMIT_NICE)[1] > 20:
+        resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_CAPBSET_DROP, CAP_SYS_NICE, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def _probe(preexec: Callable[[], None] | None) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        preexec_fn=preexec,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+@as_root
+def test_an_agent_allowed_to_runs_ten_levels_ahead() -> None:
+    lines = _probe(None)
+    assert lines[-1] == "result -10 -10", lines
+    assert "member agent runs at nice -10, 10 levels ahead of the workers" in lines
+
+
+@as_root
+def test_without_the_limit_the_agent_says_it_is_not_ahead_and_keeps_running() -> None:
+    lines = _probe(_without_cap_sys_nice)
+    assert lines[-1] == "result None 0", lines
+    assert any("not ahead of them" in line and "LimitNICE=-10" in line for line in lines), lines
+
+
+def test_never_asks_for_more_than_the_kernel_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[int] = []
+    monkeypatch.setattr(os, "getpriority", lambda which, who: -15)
+    monkeypatch.setattr(os, "setpriority", lambda which, who, value: asked.append(value))
+    assert priority.precede("member agent") == -20
+    assert asked == [-20]
+    monkeypatch.setattr(os, "getpriority", lambda which, who: -20)
+    assert priority.precede("member agent") == -20
+    assert asked == [-20]  # already at the top: nothing asked
