@@ -170,3 +170,44 @@ def test_fifty_thousand_connections_on_a_cluster_member(tmp_path: Path) -> None:
     assert report["server_processes"] >= 10 + 2 + 2  # ten workers, two supervisors, two member agents
     assert report["server_pss_bytes_per_connection"] > 0
     assert report["loader_cpu_seconds"] > 0 and report["loader_cpu_us_per_delivery"] > 0  # the loaders' own share
+
+
+def test_member_warnings_keep_every_cluster_line_and_count_the_workers_pauses() -> None:
+    """A million-client run logs hundreds of worker pauses; the link drops that explain lost messages stay visible."""
+    from typing import cast
+
+    from migratory.bench.cluster import LocalCluster
+    from migratory.bench.clusterbench import _member_warnings
+
+    def record(level: str, msg: str) -> str:
+        return json.dumps({"ts": "2026-11-24T00:10:15.065Z", "level": level, "msg": msg})
+
+    pauses = [
+        record("WARNING", f"worker {i}: event loop stalled for {1 + i / 10:.1f} s (saturated cores)") for i in range(30)
+    ]
+    pauses += [
+        record("WARNING", "worker 3: garbage collection of generation 1 held the process for 0.49 s (0 objects)")
+    ]
+    first = [
+        *pauses,
+        record("WARNING", "cluster link with member 1 dropped: no heartbeat for 3.0 s"),
+        "not json",
+        record("INFO", "member 0 ready"),
+        record("WARNING", "member agent: event loop stalled for 2.2 s"),
+    ]
+    logs = [
+        "\n".join(first),
+        record("INFO", "member 1 ready"),
+    ]
+
+    class Fake:
+        members = [0, 1]
+
+        def server_log(self, index: int) -> str:
+            return logs[index]
+
+    assert _member_warnings(cast(LocalCluster, Fake())) == [
+        "member 0: 2026-11-24T00:10:15.065Z cluster link with member 1 dropped: no heartbeat for 3.0 s",
+        "member 0: 2026-11-24T00:10:15.065Z member agent: event loop stalled for 2.2 s",
+        "member 0: 31 worker stalls or long garbage collections, the longest 3.9 s",
+    ]

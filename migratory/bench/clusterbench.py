@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import re
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -107,22 +108,41 @@ def on_cluster(
     return report
 
 
-def _member_warnings(cluster: LocalCluster, keep: int = 6) -> list[str]:
-    """What the members logged at WARNING or worse during the run (a member link that went down explains
-    messages a Standard-mode cluster did not deliver), the first few lines of each member."""
+_WORKER_PAUSE = re.compile(
+    r"^worker \d+: (?:event loop stalled for|garbage collection of generation \d+ held the process for) ([\d.]+) s"
+)
+
+
+def _member_warnings(cluster: LocalCluster, keep: int = 20) -> list[str]:
+    """What the members logged at WARNING or worse during the run: every line about the cluster (a member
+    link that went down explains messages a Standard-mode cluster did not deliver) and the member agent,
+    up to ``keep`` a member; the workers' own stalls and long collections (pauses.py), hundreds on a
+    saturated host, as one count with the longest."""
     out = []
     for index in range(len(cluster.members)):
         lines = []
+        pauses: list[float] = []
         for line in cluster.server_log(index).splitlines():
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and record.get("level") in ("WARNING", "ERROR", "CRITICAL"):
-                lines.append(f"{record.get('ts', '')} {record.get('msg', '')}")
+            if not isinstance(record, dict) or record.get("level") not in ("WARNING", "ERROR", "CRITICAL"):
+                continue
+            message = str(record.get("msg", ""))
+            pause = _WORKER_PAUSE.match(message)
+            if pause:
+                pauses.append(float(pause.group(1)))
+            else:
+                lines.append(f"{record.get('ts', '')} {message}")
         out += [f"member {index}: {line[:200]}" for line in lines[:keep]]
         if len(lines) > keep:
             out.append(f"member {index}: {len(lines) - keep} more warnings")
+        if pauses:
+            out.append(
+                f"member {index}: {len(pauses)} worker stalls or long garbage collections,"
+                f" the longest {max(pauses):.1f} s"
+            )
     return out
 
 
