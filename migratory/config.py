@@ -475,9 +475,9 @@ class Config:
         "LeanTransport",
         True,
         parse_bool,
-        "Serve the connections of plain listeners (Listen) from one epoll set per worker instead of an "
-        "event-loop transport each: about 1 KB less memory per connection (bench/million.md). "
-        "false: the event loop's transports, as before.",
+        "Serve the client connections of Listen and ListenEncrypted from one epoll set per worker instead "
+        "of an event-loop transport each: about 1 KB less memory per connection (bench/million.md, "
+        "bench/tls.md). false: the event loop's transports, as before.",
     )
     tls_lean_transport: bool = key(
         "TLSLeanTransport",

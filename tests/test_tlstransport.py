@@ -490,3 +490,49 @@ def test_a_sweep_after_many_handshakes_gives_the_heap_back(
     assert trims == [1]
     tls_server.sweep()
     assert trims == [1]  # nothing freed since: no second walk
+
+
+def test_tls_records_ride_on_the_workers_epoll_set(pki: dict[str, Path]) -> None:
+    """LeanTransport: a TLS connection sits on a RawTransport (no event-loop transport under it), both ways."""
+    from migratory.server import rawtransport
+
+    apps: list[App] = []
+
+    def app() -> App:
+        apps.append(App())
+        return apps[-1]
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        poller = rawtransport.Poller(loop)
+        server = rawtransport.RawServer(loop, sock, TLSServer(server_context(pki), app, 5.0, loop), poller, 16)
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", sock.getsockname()[1], ssl=client_context(pki), server_hostname="localhost"
+            )
+            writer.write(b"hello over tls")
+            deadline = loop.time() + 10
+            while not (apps and apps[0].received == b"hello over tls"):
+                assert loop.time() < deadline, "the server's application never got the data"
+                await asyncio.sleep(0.01)
+            transport = apps[0].transport
+            assert isinstance(transport, TLSTransport) and transport.lean
+            assert isinstance(transport._tcp, rawtransport.RawTransport)
+            assert transport.get_extra_info("peername")[0] == "127.0.0.1"
+            transport.write(b"x" * 40_000)  # more than one record, more than one socket write may take
+            assert await asyncio.wait_for(reader.readexactly(40_000), 10) == b"x" * 40_000
+            transport.close()  # close_notify, then TCP
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+            deadline = loop.time() + 10
+            while not apps[0].lost:
+                assert loop.time() < deadline, "connection_lost never came"
+                await asyncio.sleep(0.01)
+            assert poller.transports == {}
+        finally:
+            server.close()
+            poller.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
