@@ -35,6 +35,10 @@ def test_paced_rate_and_idle_memory() -> None:
     report = run(BenchConfig(clients=30, subjects=3, subjects_per_client=3, rate=50, messages=20, spawn=True))
     assert report.errors == [] and report.delivered == 20 * 30
     assert report.publish_seconds >= 0.3  # 20 messages at 50/s take at least 0.38 s
+    phases = ["started", "connected", "publishing", "drained", "stopping", "closed"]
+    assert list(report.timeline) == phases  # in order, each in the members' log format
+    assert all(len(t) == 24 and t.endswith("Z") and t[10] == "T" for t in report.timeline.values())
+    assert sorted(report.timeline.values()) == list(report.timeline.values())
     idle = run(BenchConfig(clients=50, messages=0, spawn=True))
     assert idle.connected == 50 and idle.delivered == 0
 

@@ -22,6 +22,8 @@ app = typer.Typer(
 
 _console = Console(highlight=False)
 
+_PHASES = ("connected", "publishing", "drained", "closed")  # the report's timeline, as hh:mm:ss.mmm
+
 _ROWS: list[tuple[str, Callable[[Report], str]]] = [
     ("connections established", lambda r: f"{r.connected:,} / {r.clients:,}"),
     ("connect rate (conn/s)", lambda r: f"{r.connect_rate:,.0f}"),
@@ -57,6 +59,10 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
     ),
     ("server RSS after disconnect (MB)", lambda r: f"{r.server_rss_mb_after_disconnect:.1f}"),
     ("load average at start (1/5/15 min)", lambda r: " / ".join(f"{v:.2f}" for v in r.load_average) or "-"),
+    (
+        "timeline (UTC): connected, publishing, drained, closed",
+        lambda r: ", ".join(r.timeline[k][11:23] for k in _PHASES if k in r.timeline) or "-",
+    ),
     ("errors", lambda r: escape("; ".join(r.errors)) or "none"),  # server text: never read as markup
     ("cluster members' warnings", lambda r: escape("; ".join(r.member_warnings)) or "none"),
 ]

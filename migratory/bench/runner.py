@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -93,6 +94,9 @@ class Report:
     load_average: list[float] = field(default_factory=list)  # 1, 5, 15 minutes, when the run started
     loader_poll: float = 0.0  # the load generators' read interval once subscribed (0: on every message)
     settings: dict[str, str] = field(default_factory=dict)  # --set: the spawned server's extra configuration
+    # UTC wall-clock time of each phase's start (started, connected, publishing, drained, stopping,
+    # closed): places a member's timestamped warning in the run (subscribing, publishing or tearing down)
+    timeline: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     # a local cluster: what its members logged at WARNING or worse (a dropped member link, a stalled
     # process), the teardown included; context for the figures, not a failure of the run by itself
@@ -191,6 +195,11 @@ def run(config: BenchConfig, progress: Progress | None = None) -> Report:
             server.stop()
 
 
+def _utc_now() -> str:
+    """The members' log format (ISO 8601, milliseconds, Z), so the two read side by side."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 def _run(config: BenchConfig, notify: Progress) -> Report:
     report = Report(
         config.target, config.clients, config.subjects, config.subjects_per_client, config.size, config.rate
@@ -209,6 +218,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
     per_process = [range(i, config.clients, config.processes) for i in range(config.processes)]
     loaders = []
     started = time.monotonic()
+    report.timeline["started"] = _utc_now()
     for index, members in enumerate(per_process):
         if not members:
             continue
@@ -237,6 +247,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             reasons[reason] = reasons.get(reason, 0) + count
         notify("connect", {"connected": report.connected, "clients": config.clients})
     report.connect_seconds = round(time.monotonic() - started, 3)
+    report.timeline["connected"] = _utc_now()
     report.connect_rate = round(report.connected / max(report.connect_seconds, 1e-9), 1)
     if config.idle_seconds:
         time.sleep(config.idle_seconds)
@@ -281,6 +292,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
         loader_cpu_before = sum(loader_cpu)
         cpu_before = meter.cpu_split() if meter is not None else (0.0, 0.0)
         publish_started = time.monotonic()
+        report.timeline["publishing"] = _utc_now()
         asyncio.run(_publish(config, report, subscribers, poll, notify))
         deadline = time.monotonic() + config.drain_timeout
         while poll() < report.expected_deliveries and time.monotonic() < deadline:
@@ -288,6 +300,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             time.sleep(0.1)
         time.sleep(0.3)
         report.delivered = poll()
+        report.timeline["drained"] = _utc_now()
         report.publish_seconds = round(time.monotonic() - publish_started, 3)
         report.deliveries_per_second = round(report.delivered / max(report.publish_seconds, 1e-9), 1)
         report.loader_cpu_seconds = round(sum(loader_cpu) - loader_cpu_before, 3)
@@ -304,6 +317,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
         report.latency_ms["mean"] = round(sum(sum_ns) / max(sum(delivered), 1) / 1e6, 3)
         if report.delivered != report.expected_deliveries:
             report.errors.append(f"delivered {report.delivered} of {report.expected_deliveries} messages")
+    report.timeline["stopping"] = _utc_now()
     for _, pipe in loaders:
         pipe.send("stop")
     for proc, pipe in loaders:
@@ -312,6 +326,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             if message[0] == "closed":
                 break
         proc.join(30)
+    report.timeline["closed"] = _utc_now()
     if report.connect_errors:
         common = sorted(reasons.items(), key=lambda item: -item[1])[:3]
         report.errors.append(
