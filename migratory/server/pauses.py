@@ -44,13 +44,16 @@ def watch(loop: asyncio.AbstractEventLoop, name: str) -> None:
 
     gc.callbacks.append(on_gc)
     due = [loop.time() + CHECK_EVERY]
+    cpu = [time.process_time()]
 
     def check() -> None:
-        now = loop.time()
-        late = now - due[0]
+        now, used = loop.time(), time.process_time()
+        late, busy = now - due[0], used - cpu[0]  # busy: this process's CPU since the last check
         if late >= STALL:
-            log.warning("%s: event loop stalled for %.1f s (saturated cores, or a long task)", name, late)
-        due[0] = now + CHECK_EVERY
+            # the CPU it had says which: a long task runs even on shared cores, a starved process waits
+            cause = "a long task" if busy >= late / 4 else "waiting for a core, or blocked"
+            log.warning("%s: event loop stalled for %.1f s, %.1f s of it on the CPU (%s)", name, late, busy, cause)
+        due[0], cpu[0] = now + CHECK_EVERY, used
         loop.call_at(due[0], check)
 
     loop.call_at(due[0], check)
