@@ -642,3 +642,11 @@ def test_class_data_sharing_archive_is_written_once_then_used(tmp_path: Path, mo
     archive = options.split("SharedArchiveFile=")[1].split()[0]
     assert Path(archive).exists() and not Path(dead).exists()
     assert "-Xlog:cds=off" in options
+    # another installation's archive (another venv sharing the cache): kept while in use, removed once stale
+    other, stale = tmp_path / "spark-0123456789abcdef.jsa", tmp_path / "spark-fedcba9876543210.jsa"
+    other.write_bytes(b"x")
+    stale.write_bytes(b"x")
+    os.utime(stale, (old, old))
+    Path(archive).unlink()
+    session.cds_options()
+    assert other.exists() and not stale.exists()
