@@ -642,6 +642,13 @@ def test_class_data_sharing_archive_is_written_once_then_used(tmp_path: Path, mo
     archive = options.split("SharedArchiveFile=")[1].split()[0]
     assert Path(archive).exists() and not Path(dead).exists()
     assert "-Xlog:cds=off" in options
+
+    def refused(*_: object) -> None:
+        raise PermissionError("not the owner")
+
+    with monkeypatch.context() as patched:  # a shared, read-only archive: used although it cannot be touched
+        patched.setattr(session.os, "utime", refused)
+        assert session.cds_options() == (options, None)
     # another installation's archive (another venv sharing the cache): kept while in use, removed once stale
     other, stale = tmp_path / "spark-0123456789abcdef.jsa", tmp_path / "spark-fedcba9876543210.jsa"
     other.write_bytes(b"x")

@@ -147,7 +147,8 @@ def cds_options(extra: Sequence[str] = ()) -> tuple[str, str | None]:
         os.makedirs(folder, exist_ok=True)
         final = os.path.join(folder, f"spark-{key}.jsa")
         if os.path.exists(final):
-            os.utime(final)  # in use: another installation's clean-up keeps it
+            with contextlib.suppress(OSError):  # a shared archive this user may read but not touch is still used
+                os.utime(final)  # in use: another installation's clean-up keeps it
             return f"-XX:SharedArchiveFile={final} {_CDS_QUIET}", None
         writing = False
         for pending in glob.glob(os.path.join(folder, f"spark-{key}.*.jsa")):
