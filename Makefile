@@ -13,11 +13,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(RUN_STAMP): pyproject.toml | $(BIN)/python
+$(RUN_STAMP): pyproject.toml migratory/server/_tlsseal.c | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(DEV_STAMP): pyproject.toml | $(BIN)/python
+$(DEV_STAMP): pyproject.toml migratory/server/_tlsseal.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,spark]'
 	touch $@ $(RUN_STAMP)
 

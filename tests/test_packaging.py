@@ -432,6 +432,17 @@ def test_system_user(installed: Chroot) -> None:
     assert installed.run("getent", "group", "migratorydata").stdout.split(":")[2] == gid
 
 
+def test_the_packaged_server_seals_tls_records_in_c(installed: Chroot) -> None:
+    """The package's build compiled migratory/server/_tlsseal.c, and it binds to the chroot's libcrypto."""
+    probe = (
+        "from migratory.server.tlstransport import c_sealer\n"
+        "sealer = c_sealer()\n"
+        "assert sealer is not None, 'no C sealer'\n"
+        "print(len(sealer(bytes(16), bytes(12)).seal(1, b'x\\x17', bytes((23, 3, 3, 0, 18)))))\n"
+    )
+    assert installed.run("/opt/migratorydata/bin/python", "-c", probe).stdout.strip() == "23"
+
+
 def test_help_and_man_page_cover_every_command(installed: Chroot) -> None:
     help_text = installed.run("migratory", "--help").stdout
     page = installed.run("sh", "-c", "zcat /usr/share/man/man1/migratory.1.gz").stdout

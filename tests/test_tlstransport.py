@@ -171,9 +171,15 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
-@pytest.fixture
-def tls_server(pki: dict[str, Path], loop: asyncio.AbstractEventLoop) -> TLSServer:
-    return TLSServer(server_context(pki), App, 5.0, loop)
+@pytest.fixture(params=["c-sealer", "python-sealer"])
+def tls_server(pki: dict[str, Path], loop: asyncio.AbstractEventLoop, request: pytest.FixtureRequest) -> TLSServer:
+    """Each in-process test twice: AES-GCM records sealed by the C extension, then by ``cryptography``."""
+    server = TLSServer(server_context(pki), App, 5.0, loop)
+    if request.param == "python-sealer":
+        server.sealer = None
+    else:
+        assert server.sealer is not None, "the C record sealer (migratory/server/_tlsseal.c) was not built"
+    return server
 
 
 def client_context(pki: dict[str, Path], version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3) -> ssl.SSLContext:
@@ -218,11 +224,11 @@ def test_tls13_leaves_openssl_and_idle_connections_hold_no_cipher_state(
     transport.write(b"HTTP/1.1 101 Switching Protocols\r\n\r\n")
     assert pair.receive() == b"HTTP/1.1 101 Switching Protocols\r\n\r\n"
     # active: cipher objects held; after two sweeps without traffic: none (only the secrets stay)
-    assert transport._enc is not None and transport._dec is not None and tls_server.holding == 1
+    assert transport.write_cipher is not None and transport._dec is not None and tls_server.holding == 1
     tls_server.sweep()
-    assert transport._enc is not None  # used since the last sweep
+    assert transport.write_cipher is not None  # used since the last sweep
     tls_server.sweep()
-    assert transport._enc is None and transport._dec is None and tls_server.holding == 0
+    assert transport.write_cipher is None and transport._dec is None and tls_server.holding == 0
     assert transport._rbuf == b"" and transport._ssl is None
     # and the connection goes on with the next record numbers
     transport.write(b"x" * 100)

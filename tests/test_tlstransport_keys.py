@@ -38,7 +38,7 @@ def test_a_swept_connection_wakes_up_from_its_kept_keys(
     assert pair.receive() == b"first"
     tls_server.sweep()
     tls_server.sweep()
-    assert transport._enc is None and transport._dec is None and tls_server.holding == 0
+    assert transport.write_cipher is None and transport._dec is None and tls_server.holding == 0
     monkeypatch.setattr(tlstransport, "expand_label", no_hkdf)
     for n in range(3):  # wake up, both ways, then idle again
         transport.write(b"after sweep %d" % n)
@@ -48,7 +48,7 @@ def test_a_swept_connection_wakes_up_from_its_kept_keys(
         assert tls_server.holding == 1
         tls_server.sweep()
         tls_server.sweep()
-        assert transport._enc is None and transport._dec is None
+        assert transport.write_cipher is None and transport._dec is None
 
 
 def test_key_updates_renew_the_kept_keys(

@@ -141,18 +141,28 @@ class RawTransport:
         buffer = self._buffer
         if buffer is not None:
             buffer += data
-        else:
-            try:
-                sent = os.write(self.fd, data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                self._fail(exc)
-                return
-            if sent == len(data):
-                return
-            self._buffer = buffer = bytearray(memoryview(data)[sent:])
-            self._watch(self._mask | _OUT)
+            if len(buffer) > _HIGH_WATER and not self._paused_protocol:
+                self._paused_protocol = True
+                self.protocol.pause_writing()
+            return
+        try:
+            sent = os.write(self.fd, data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._fail(exc)
+            return
+        if sent != len(data):
+            self._keep(memoryview(data)[sent:])
+
+    def _keep(self, rest: bytes | bytearray | memoryview) -> None:
+        """What the kernel did not take of a write made while nothing was queued: kept, and watched.
+
+        Also for a TLS transport that writes its sealed record to :attr:`fd` itself (``Sealer.send``
+        in migratory/server/tlstransport.py) when nothing is queued and the transport is not closing.
+        """
+        self._buffer = buffer = bytearray(rest)
+        self._watch(self._mask | _OUT)
         if len(buffer) > _HIGH_WATER and not self._paused_protocol:
             self._paused_protocol = True
             self.protocol.pause_writing()

@@ -30,8 +30,12 @@ So this transport keeps OpenSSL only while it is needed:
   this module runs the record protocol of RFC 8446 section 5 (nonce = IV xor
   sequence number, inner content type, padding, 2^14-byte records, alerts,
   ``KeyUpdate`` both ways, a key update of our own well before the AES-GCM
-  limit of section 5.5). The AEAD itself is ``cryptography``'s (OpenSSL's
-  EVP code). A cipher object (2.3 KB of heap) exists only while the connection is
+  limit of section 5.5). The AEAD is OpenSSL's EVP code: AES-GCM records are sealed
+  by the C extension ``_tlsseal.c`` (header, nonce, ciphertext and tag in one call,
+  and on the workers' epoll set the socket write too: the fan-out's path, see
+  :meth:`TLSTransport.write`), everything else (reading, ChaCha20-Poly1305, and
+  AES-GCM when the extension was not built) by ``cryptography``. A cipher object
+  (1 to 2.3 KB of heap) exists only while the connection is
   active: a sweep every :data:`SWEEP_SECONDS` drops those unused since the
   previous sweep, as ``SSL_MODE_RELEASE_BUFFERS`` drops idle record buffers. An
   idle connection is then this object (one slotted instance), two secrets of
@@ -81,12 +85,16 @@ import ssl
 import struct
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
 from migratory.server import heap
+from migratory.server.rawtransport import RawTransport
+
+if TYPE_CHECKING:
+    from migratory.server._tlsseal import Sealer
 
 __all__ = ["SWEEP_SECONDS", "TLSServer", "TLSTransport", "enable", "prefer_aes128"]
 
@@ -226,6 +234,48 @@ def _libssl() -> ctypes.CDLL | None:
     return lib
 
 
+_EVP_FUNCTIONS = (
+    "EVP_CIPHER_CTX_new",
+    "EVP_CIPHER_CTX_free",
+    "EVP_EncryptInit_ex",
+    "EVP_EncryptUpdate",
+    "EVP_EncryptFinal_ex",
+    "EVP_CIPHER_CTX_ctrl",
+    "EVP_aes_128_gcm",
+    "EVP_aes_256_gcm",
+)
+_sealer: list[type[Sealer] | None] = []  # resolved once per process
+
+
+def c_sealer() -> type[Sealer] | None:
+    """The C record sealer (``_tlsseal.c``) on the libcrypto of Python's ``ssl``; None if it was not built.
+
+    Without it AES-GCM records are sealed with ``cryptography``'s ``AESGCM``: the same bytes,
+    about 0.5 us more a record (bench/tls.md, section (g)).
+    """
+    if not _sealer:
+        _sealer.append(_load_sealer())
+    return _sealer[0]
+
+
+def _load_sealer() -> type[Sealer] | None:
+    try:
+        from migratory.server import _tlsseal
+    except ImportError:
+        log.info("TLS: the C record sealer was not built (no C compiler at install?); sealing in Python")
+        return None
+    lib = _libssl()
+    try:
+        addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _EVP_FUNCTIONS]
+    except AttributeError:  # not OpenSSL's libcrypto behind _ssl
+        addresses = []
+    if lib is None or len(addresses) != len(_EVP_FUNCTIONS) or not all(addresses):
+        log.info("TLS: libcrypto's EVP functions not found beside the ssl module; sealing in Python")
+        return None
+    _tlsseal.configure(*(int(address or 0) for address in addresses))
+    return _tlsseal.Sealer
+
+
 LAYOUT_VERSIONS = ((3, 8), (3, 14))
 """CPython versions whose ``_ssl._SSLContext`` starts with ``SSL_CTX *ctx`` right after the object header.
 
@@ -352,6 +402,7 @@ class TLSServer:
         "handshake_timeout",
         "lean",
         "loop",
+        "sealer",
     )
 
     def __init__(
@@ -370,6 +421,7 @@ class TLSServer:
         # lean=False (TLSLeanTransport = false): the SSLObject carries every connection's records,
         # and the keylog hook is not even set on the context
         self.lean = lean and enable(context)
+        self.sealer = c_sealer() if self.lean else None  # AES-GCM records sealed in C
         self._active: list[TLSTransport] = []  # connections holding a cipher object
         self._sweeping: asyncio.TimerHandle | None = None
         self._freed = 0  # OpenSSL objects and cipher objects freed since the heap was last trimmed
@@ -432,6 +484,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
     """One TLS connection: the TCP transport's protocol, and the application protocol's transport."""
 
     __slots__ = (
+        "_c",
         "_dec",
         "_enc",
         "_held",
@@ -445,6 +498,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         "_rkey",
         "_rsecret",
         "_rseq",
+        "_sealer",
         "_server",
         "_ssl",
         "_state",
@@ -460,7 +514,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
     def __init__(self, server: TLSServer, protocol: asyncio.Protocol) -> None:
         self._server = server
         self._protocol = protocol
-        self._tcp: asyncio.Transport | None = None
+        self._tcp: asyncio.Transport | RawTransport | None = None
         self._state = _HANDSHAKING
         self._made = False
         self._ssl: ssl.SSLObject | None = None
@@ -472,8 +526,10 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._rsecret = b""
         self._wseq = 0
         self._rseq = 0
-        self._enc: Aead | None = None
+        self._enc: Aead | None = None  # the write cipher when sealing in Python (see _c)
         self._dec: Aead | None = None
+        self._c = False  # AES-GCM and the C sealer built: writes go through _sealer, not _enc
+        self._sealer: Sealer | None = None
         self._wiv = 0
         self._riv = 0
         self._wkey = b""  # the AEAD keys, kept while idle (the cipher objects are not)
@@ -530,7 +586,8 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._tcp.resume_reading()
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        if self._tcp is not None:
+        # RawTransport's limits are fixed (asyncio's defaults): nobody in this server sets others
+        if self._tcp is not None and not isinstance(self._tcp, RawTransport):
             self._tcp.set_write_buffer_limits(high, low)
 
     def get_write_buffer_size(self) -> int:
@@ -547,11 +604,10 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Encrypt ``data`` (one record up to 16 KB) and hand it to TCP in one write."""
+        tcp = self._tcp
         if self._state == _RECORDS and 0 < len(data) <= MAX_PLAINTEXT:
             # the fan-out's path, inlined: one record, one TCP write
-            enc = self._enc
-            if enc is None:
-                enc = self._new_enc()
+            assert tcp is not None
             if not self._hot:
                 self._hold()
             server = self._server
@@ -561,11 +617,29 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
                 inner, header = server.inner(data)
             seq = self._wseq
             self._wseq = seq + 1
-            self._tcp.write(header + enc.encrypt((self._wiv ^ seq).to_bytes(12, "big"), inner, header))  # type: ignore[union-attr]
+            if self._c:
+                sealer = self._sealer
+                if sealer is None:
+                    sealer = self._new_sealer()
+                if type(tcp) is RawTransport and tcp._buffer is None and not tcp._closing:
+                    # sealed and written in one C call; RawTransport keeps what the socket did not take
+                    try:
+                        rest = sealer.send(tcp.fd, seq, inner, header)
+                    except OSError as exc:
+                        tcp._fail(exc)
+                        return
+                    if rest is not None:
+                        tcp._keep(rest)
+                else:
+                    tcp.write(sealer.seal(seq, inner, header))
+            else:
+                enc = self._enc
+                if enc is None:
+                    enc = self._new_enc()
+                tcp.write(header + enc.encrypt((self._wiv ^ seq).to_bytes(12, "big"), inner, header))
             if seq + 1 >= KEY_UPDATE_AFTER:
-                self._tcp.write(self._update_write_key(requested=False))  # type: ignore[union-attr]
+                tcp.write(self._update_write_key(requested=False))
             return
-        tcp = self._tcp
         if self._state == _RECORDS:
             assert tcp is not None
             view = memoryview(data)
@@ -643,7 +717,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self._ssl = self._incoming = self._outgoing = None
-        self._enc = self._dec = None
+        self._enc = self._dec = self._sealer = None
         self._wkey = self._rkey = self._rbuf = b""
         if self._made:
             self._made = False
@@ -741,7 +815,10 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
                 return False
             seq += 1
         self._wseq = seq
-        self._enc, self._wkey, self._wiv = enc, wkey, iv
+        self._wkey, self._wiv = wkey, iv
+        self._c = self._server.sealer is not None and suite.aead is AESGCM
+        if not self._c:
+            self._enc = enc
         self._rkey, self._riv = suite.keys(self._rsecret)
         self._hold()
         return True
@@ -755,8 +832,8 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._server.hold(self)
 
     def _release(self) -> None:
-        """Idle: drop the cipher objects (2.3 KB of heap each); the secrets, keys and IVs stay."""
-        self._enc = self._dec = None
+        """Idle: drop the cipher objects (1 to 2.3 KB of heap each); the secrets, keys and IVs stay."""
+        self._enc = self._dec = self._sealer = None
         self._held = self._hot = False
 
     def _new_enc(self) -> Aead:
@@ -765,16 +842,29 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         enc = self._enc = self._suite.aead(self._wkey)
         return enc
 
+    @property
+    def write_cipher(self) -> Aead | Sealer | None:
+        """The write cipher object held now (the C sealer or the Python AEAD); None while idle."""
+        return self._sealer if self._c else self._enc
+
+    def _new_sealer(self) -> Sealer:
+        """The C write sealer again, from the kept key and IV (after a sweep or a key update)."""
+        assert self._server.sealer is not None
+        sealer = self._sealer = self._server.sealer(self._wkey, self._wiv.to_bytes(12, "big"))
+        return sealer
+
     def _seal(self, inner: bytes) -> bytes:
         """One record: ``inner`` is the plaintext followed by its content type."""
-        enc = self._enc
-        if enc is None:
-            enc = self._new_enc()
         if not self._hot:
             self._hold()
         seq = self._wseq
         self._wseq = seq + 1
         header = _HEADER.pack(_APPLICATION_DATA, 0x0303, len(inner) + 16)
+        if self._c:
+            return (self._sealer or self._new_sealer()).seal(seq, inner, header)
+        enc = self._enc
+        if enc is None:
+            enc = self._new_enc()
         return header + enc.encrypt((self._wiv ^ seq).to_bytes(12, "big"), inner, header)
 
     def _sealed(self, inner: bytes) -> bytes:
@@ -791,7 +881,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._wsecret = self._suite.next_secret(self._wsecret)
         self._wkey, self._wiv = self._suite.keys(self._wsecret)
         self._wseq = 0
-        self._enc = None
+        self._enc = self._sealer = None
         return record
 
     def _records_in(self, data: bytes) -> None:
