@@ -23,6 +23,7 @@ from migratory_spark import stats as server_stats
 from migratory_spark.console import NOT_ENOUGH_HISTORY, render
 from migratory_spark.reader import EXAMPLE_CHARS, LogFrames, parse_lines, read_logs
 from migratory_spark.schema import ACCESS_SCHEMA, STATS_INDICATORS, STATS_WINDOWS
+from migratory_spark.session import SMALL_INPUT, session_settings
 from pyspark.sql import DataFrame, SparkSession
 from rich.console import Console
 
@@ -505,6 +506,71 @@ def test_parse_lines_accepts_exactly_one_object_per_line(spark: SparkSession) ->
     assert len(parsed) == len(good) + len(bad)
     assert [line for line in good if parsed[line]] == []
     assert [line for line in bad if not parsed[line]] == []
+
+
+def test_time_must_be_written_exactly_as_the_server_writes_it(spark: SparkSession) -> None:
+    """Spark's cast reads many ISO 8601 forms; a line's ``ts`` must be ``yyyy-MM-ddTHH:mm:ss.SSSZ``."""
+
+    def line(ts: str) -> str:
+        return json.dumps({"v": 1, "ts": ts, "event": "connect"}, ensure_ascii=False)
+
+    good = ["2026-11-02T00:00:01.000Z", "2026-11-02T23:59:59.999Z"]
+    bad = [
+        "2026-11-02 00:00:01.000Z",  # a space for the T
+        "2026-11-02T00:00:01.0000",  # no Z
+        "2026-11-02T00:00:01.000z",
+        "2026-11-02T00:00:01Z",
+        "2026-11-02T00:00:01.00Z",
+        "2026-11-02T00:00:01.000+00:00",
+        "2026-11-02T00:00:01,000Z",
+        "2026-11-02T24:00:01.000Z",
+        "2026-11-02T00:00:01.0éZ",  # 24 bytes, 23 characters
+        "2026-11-0\uff12T00:00:01.0Z",  # 24 bytes, a full-width digit
+        "2026-11-02",
+    ]
+    lines = spark.createDataFrame([(line(ts),) for ts in [*good, *bad]], "value STRING")
+    result = {r["value"]: (r["bad"], r["second"]) for r in parse_lines(lines, ACCESS_SCHEMA).collect()}
+    assert [result[line(ts)] for ts in good] == [(False, T0 + 1), (False, T0 + 86399)]
+    assert [ts for ts in bad if not result[line(ts)][0]] == []
+
+
+def test_unread_string_fields_are_skipped_but_typed_ones_still_checked(spark: SparkSession, tmp_path: Path) -> None:
+    """Any JSON value is a string to Spark, so the parse leaves out the strings no analysis reads; a
+    wrongly typed field makes its line corrupt whether an analysis reads it or not."""
+    base = {"v": 1, "ts": stamp(T0 + 1, 5), "event": "publish", "subject": "/a", "size": 10, "recipients": 2}
+    good = [
+        base,
+        {**base, "session": {"id": [1, 2]}, "addr": 7, "protocol": None, "qos": True},
+    ]
+    bad = [
+        {**base, "port": "eighty"},
+        {**base, "seq": "x"},
+        {**base, "fields": 1.5},
+        {**base, "retained": "yes"},
+        {**base, "epoch": {"n": 1}},
+        {**base, "size": "10"},
+    ]
+    (tmp_path / "message.log").write_text("".join(json.dumps(r) + "\n" for r in [*good, *bad]))
+    frames = read_logs(spark, [str(tmp_path)], persist=False)
+    assert {r["kind"]: r["lines"] for r in rows(frames.corrupt)} == {"message": len(bad)}
+    assert [(r["subject"], r["size"], r["recipients"]) for r in rows(frames.messages)] == [("/a", 10, 2)] * 2
+
+
+def test_session_settings_size_the_local_jvm() -> None:
+    small = session_settings("local[*]", SMALL_INPUT - 1)
+    large = session_settings("local[*]", SMALL_INPUT)
+    assert "-XX:TieredStopAtLevel=1" in small["spark.driver.extraJavaOptions"]
+    assert small["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
+    options = large["spark.driver.extraJavaOptions"].split()
+    for option in ("-XX:+UseParallelGC", "-XX:CompileThresholdScaling=4", "-XX:FreqInlineSize=100"):
+        assert option in options
+    assert "-XX:InlineSmallCode=1000" in options and "-XX:TieredStopAtLevel=1" not in options
+    assert "spark.sql.codegen.factoryMode" not in large
+    assert large["spark.sql.objectHashAggregate.sortBased.fallbackThreshold"] == "65536"
+    # on a cluster the executors keep Spark's own sizing
+    cluster = session_settings("spark://127.0.0.1:7077", SMALL_INPUT * 100)
+    assert cluster["spark.driver.extraJavaOptions"] == "-Duser.timezone=UTC"
+    assert "spark.sql.objectHashAggregate.sortBased.fallbackThreshold" not in cluster
 
 
 def test_http_requests_by_endpoint_and_status(spark: SparkSession, hostile_report: tuple[dict[str, Any], Path]) -> None:

@@ -154,13 +154,15 @@ def log_paths(dirs: Sequence[str], name: str) -> list[str]:
 def _timestamp(ts: Column) -> Column:
     """``2026-11-22T15:04:05.123Z`` (``TS_FORMAT`` exactly) -> timestamp, anything else -> null.
 
-    Spark's own ISO 8601 cast, guarded by the shape: far cheaper than a formatter per line.
+    Spark's own ISO 8601 cast, guarded by the shape: far cheaper than a formatter per line. The guard
+    counts bytes, not characters (a character that is not ASCII fails the cast anyway), and tests the
+    last one without copying it: a third of the cost of the old guard, which cost more than the cast.
     """
     shaped = (
-        (F.length(ts) == 24)
+        (F.octet_length(ts) == 24)
+        & ts.endswith("Z")
         & (F.substring(ts, 11, 1) == "T")
         & (F.substring(ts, 20, 1) == ".")
-        & (F.substring(ts, 24, 1) == "Z")
     )
     return F.when(shaped, ts.try_cast("timestamp"))
 
@@ -215,6 +217,17 @@ def parse_lines(lines: DataFrame, schema: StructType) -> DataFrame:
     )
 
 
+def _parsed_schema(schema: StructType, keep: Sequence[str]) -> StructType:
+    """The schema without the string fields no analysis reads.
+
+    Spark turns any JSON value into a string (an object or a number as its JSON text), so such a field
+    never makes a line corrupt: left out, its value is skipped instead of copied into a string on
+    every line. Typed fields stay, read or not: a wrongly typed one makes its line corrupt.
+    """
+    needed = {*keep, "v", "ts", "event", CORRUPT}
+    return StructType([f for f in schema.fields if f.name in needed or not isinstance(f.dataType, StringType)])
+
+
 # the line's state, cached as a small number: 0 good, 1 outside --since/--until, 2 corrupt, 3 blank (ignored)
 STATES = ("good", "outside", "corrupt", "blank")
 _GOOD, _OUTSIDE, _CORRUPT, _BLANK = range(4)
@@ -238,7 +251,7 @@ def _read_kind(
     if lines is None:
         empty = StructType([StructField("value", StringType()), StructField("node_id", IntegerType())])
         lines = spark.createDataFrame([], empty)
-    rows = parse_lines(lines, schema)
+    rows = parse_lines(lines, _parsed_schema(schema, keep))
     inside = F.lit(True)
     if since is not None:
         inside = inside & (F.col("time") >= F.lit(since))
