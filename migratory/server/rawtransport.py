@@ -141,9 +141,7 @@ class RawTransport:
         buffer = self._buffer
         if buffer is not None:
             buffer += data
-            if len(buffer) > _HIGH_WATER and not self._paused_protocol:
-                self._paused_protocol = True
-                self.protocol.pause_writing()
+            self._pause_if_full(buffer)
             return
         try:
             sent = os.write(self.fd, data)
@@ -163,6 +161,10 @@ class RawTransport:
         """
         self._buffer = buffer = bytearray(rest)
         self._watch(self._mask | _OUT)
+        self._pause_if_full(buffer)
+
+    def _pause_if_full(self, buffer: bytearray) -> None:
+        """Past the high-water mark, ask the protocol to stop writing (once, until drained)."""
         if len(buffer) > _HIGH_WATER and not self._paused_protocol:
             self._paused_protocol = True
             self.protocol.pause_writing()

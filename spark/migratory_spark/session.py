@@ -189,6 +189,10 @@ def cds_options(extra: Sequence[str] = ()) -> tuple[str, str | None]:
         return "", None
 
 
+def _local(master: str | None) -> bool:
+    return master is not None and master.startswith("local")
+
+
 def session_settings(master: str | None, input_size: int | None = None) -> dict[str, str]:
     """The Spark settings :func:`build_session` starts with (before the caller's ``conf``), by master and input size."""
     settings = {
@@ -199,7 +203,7 @@ def session_settings(master: str | None, input_size: int | None = None) -> dict[
         "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
-    if master and master.startswith("local"):
+    if _local(master):
         # one machine: a few shuffle partitions beat Spark's 200 tiny ones
         settings["spark.sql.shuffle.partitions"] = str(max(4, 2 * (os.cpu_count() or 2)))
         settings["spark.ui.enabled"] = "false"
@@ -234,7 +238,7 @@ def build_session(
     """
     # Python workers: in local mode this very interpreter (an installed appliance has no python3 on the
     # service's PATH, only its venv's); on a cluster, the executors' own python3
-    local = master is not None and master.startswith("local")
+    local = _local(master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable if local else "python3")
     builder = SparkSession.builder.appName(app_name)
     if master:
