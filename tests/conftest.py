@@ -41,6 +41,30 @@ def wait_for_port(host: str, port: int, timeout: float = 15.0, proc: subprocess.
     raise TimeoutError(f"nothing listening on {host}:{port}")
 
 
+def wait_for_http(host: str, port: int, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until a worker answers HTTP on the port, not just until the kernel accepts.
+
+    The supervisor binds and listens before a worker opens its logs and starts serving, so a
+    connect alone can succeed while the server may still fail to start (a test that then moves
+    the log folder away raced exactly that)."""
+    wait_for_port(host, port, timeout, proc)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(
+                f"server exited with {proc.returncode}: {proc.stderr.read().decode() if proc.stderr else ''}"
+            )
+        try:
+            with socket.create_connection((host, port), timeout=2) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                if sock.recv(16).startswith(b"HTTP/1.1 "):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"no HTTP answer on {host}:{port}")
+
+
 @dataclass
 class ServerProcess:
     """A `migratory serve` subprocess with its config, folders and URLs."""
@@ -105,7 +129,7 @@ def start_server(
         env=env,
         start_new_session=True,  # teardown can kill the supervisor and all its workers at once
     )
-    wait_for_port(host, port, proc=proc)
+    wait_for_http(host, port, proc=proc)
     return ServerProcess(proc, host, port, folder, conf, dict(extra or {}))
 
 
