@@ -55,16 +55,21 @@ def _probe(preexec: Callable[[], None] | None) -> list[str]:
 
 @as_root
 def test_an_agent_allowed_to_runs_ten_levels_ahead() -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # the suite may itself run under `nice`
+    wanted = max(-20, base - 10)
     lines = _probe(None)
-    assert lines[-1] == "result -10 -10", lines
-    assert "member agent runs at nice -10, 10 levels ahead of the workers" in lines
+    assert lines[-1] == f"result {wanted} {wanted}", lines
+    assert f"member agent runs at nice {wanted}, {base - wanted} levels ahead of the workers" in lines
 
 
 @as_root
 def test_without_the_limit_the_agent_says_it_is_not_ahead_and_keeps_running() -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if base <= -20:
+        pytest.skip("already at the top priority: nothing to refuse")
     lines = _probe(_without_cap_sys_nice)
-    assert lines[-1] == "result None 0", lines
-    assert any("not ahead of them" in line and "LimitNICE=-10" in line for line in lines), lines
+    assert lines[-1] == f"result None {base}", lines
+    assert any("not ahead of them" in line and f"LimitNICE={max(-20, base - 10)}" in line for line in lines), lines
 
 
 def test_never_asks_for_more_than_the_kernel_range(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -485,6 +485,7 @@ def test_access_and_message_logs(server: ServerProcess) -> None:
     run(scenario())
     assert server.stop() == 0  # SIGTERM: clean shutdown, logs flushed
     access = [json.loads(line) for line in (server.log_folder / "access.log").read_text().splitlines()]
+    access = [a for a in access if not (a["event"] == "http" and a.get("path") == "/health")]  # readiness probe
     events = [a["event"] for a in access]
     assert events[:2] == ["connect", "subscribe"]
     assert "disconnect" in events and "denied" in events
