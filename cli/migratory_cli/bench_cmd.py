@@ -317,30 +317,50 @@ def logs_cmd(
         True, "--duckdb/--no-duckdb", help="Also time DuckDB computing the traffic and subject tables."
     ),
     as_json: Path | None = typer.Option(None, "--json", help="Also write the measurements as JSON to this file."),
+    against: str | None = typer.Option(
+        None,
+        "--against",
+        help="Also run this earlier commit's report and this one's in turn on the same logs (needs a git checkout).",
+    ),
+    rounds: int = typer.Option(3, "--rounds", min=1, help="Pairs of runs with --against."),
 ) -> None:
     """Log analytics: generate SIZE of realistic logs, run the whole Spark report (and DuckDB), print the times."""
     from migratory.config import parse_size
 
     try:
         size_bytes = parse_size(size)
+        from migratory_spark.against import AgainstError, resolve_commit
         from migratory_spark.bench import run_bench
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     except ImportError as exc:
         typer.echo(f"error: PySpark is not installed ({exc}); pip install 'migratorydata-py[spark]'", err=True)
         raise typer.Exit(2) from None
+    if against is not None:
+        try:
+            resolve_commit(against)  # before minutes of generating and analysing
+        except AgainstError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     with Progress(TextColumn("[bold]{task.description}"), TimeElapsedColumn(), console=_console) as progress:
         task = progress.add_task("starting", total=None)
-        result = run_bench(
-            size_bytes,
-            str(workdir),
-            nodes=nodes,
-            master=master,
-            driver_memory=driver_memory,
-            keep=keep,
-            step=lambda name: progress.update(task, description=name),
-            duckdb=duckdb,
-        )
+        try:
+            result = run_bench(
+                size_bytes,
+                str(workdir),
+                nodes=nodes,
+                master=master,
+                driver_memory=driver_memory,
+                keep=keep,
+                step=lambda name: progress.update(task, description=name),
+                duckdb=duckdb,
+                against=against,
+                rounds=rounds,
+            )
+        except AgainstError as exc:
+            progress.stop()
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
     table = Table(title="migratory bench logs")
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -358,6 +378,20 @@ def logs_cmd(
     load = result["machine"].get("load_average_before")
     if load:
         table.add_row("load average before (1/5/15 min)", " / ".join(f"{v:.2f}" for v in load))
+    if "against" in result:
+        side = result["against"]
+        for index, pair in enumerate(side["rounds"], 1):
+            table.add_row(
+                f"round {index}: {side['commit'][:9]} / this tree, start + analyze (s)",
+                f"{pair['baseline']['total']:,.1f} / {pair['current']['total']:,.1f} = {pair['ratio_total']:.2f}",
+            )
+        table.add_row(
+            "ratio, start + analyze (median, max)",
+            f"{side['ratio_total']['median']:.2f}, {side['ratio_total']['max']:.2f}",
+        )
+        table.add_row(
+            "ratio, analyze (median, max)", f"{side['ratio_analyze']['median']:.2f}, {side['ratio_analyze']['max']:.2f}"
+        )
     _console.print(table)
     if as_json is not None:
         as_json.parent.mkdir(parents=True, exist_ok=True)

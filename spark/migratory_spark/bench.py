@@ -5,6 +5,8 @@ of the full job (parse, every analysis, Parquet, summary, charts, HTML), which
 is what a user waits for; ``total_seconds`` adds the start of Spark (the JVM) to
 it. In the same run, on the same files, DuckDB computes the traffic and subject
 tables (the single-machine tool a user might reach for instead) as a reference.
+With ``against``, an earlier commit's report and this one's then run in turn on
+the same files (:mod:`migratory_spark.against`), for goals stated against it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from migratory_spark.against import run_against
 from migratory_spark.generate import generate
 from migratory_spark.reader import log_files
 from migratory_spark.report import Options, run, timed_steps
@@ -119,6 +122,8 @@ def run_bench(
     keep: bool = False,
     step: Callable[[str], None] = lambda _: None,
     duckdb: bool = True,
+    against: str | None = None,
+    rounds: int = 3,
 ) -> dict[str, Any]:
     """Generate, analyse (Spark, then DuckDB), and return the measurements (logs removed unless ``keep``)."""
     load_before = _load()
@@ -159,6 +164,11 @@ def run_bench(
             1.0, reference["messages_in"]
         ), (reference["messages_in"], summary["traffic"]["totals"]["messages_in"])
         assert reference["subjects"] == summary["subjects"]["count"], (reference["subjects"], summary["subjects"])
+    side_by_side: dict[str, Any] | None = None
+    if against is not None:
+        side_by_side = run_against(
+            against, made.folders, os.path.join(workdir, "against"), rounds, master, driver_memory, step
+        )
     if not keep:
         shutil.rmtree(logs, ignore_errors=True)
     result: dict[str, Any] = {
@@ -191,6 +201,8 @@ def run_bench(
     }
     if reference is not None:
         result["duckdb"] = reference
+    if side_by_side is not None:
+        result["against"] = side_by_side
     return result
 
 
