@@ -53,9 +53,12 @@ class AgainstError(RuntimeError):
 def repository_root() -> str:
     """The git checkout this package runs from (``--against`` needs one)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    done = subprocess.run(
-        ["git", "-C", here, "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=False
-    )
+    try:
+        done = subprocess.run(
+            ["git", "-C", here, "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=False
+        )
+    except OSError as exc:  # no git at all
+        raise AgainstError(f"--against needs git: {exc.strerror or exc}") from None
     if done.returncode != 0:
         raise AgainstError("--against needs the package to run from a git checkout (it is installed elsewhere)")
     return done.stdout.strip()
@@ -133,6 +136,7 @@ def run_against(
             )
     finally:
         subprocess.run(["git", "-C", root, "worktree", "remove", "--force", baseline], capture_output=True, check=False)
+        subprocess.run(["git", "-C", root, "worktree", "prune"], capture_output=True, check=False)  # if interrupted
     return {
         "commit": full,
         "rounds": pairs,
