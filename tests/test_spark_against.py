@@ -13,6 +13,7 @@ from migratory_spark.generate import GenerateResult, generate
 pytestmark = pytest.mark.slow
 
 MIGRATORY = [sys.executable, "-m", "migratory_cli.main"]
+TREE = str(Path(against.__file__).resolve().parents[2])  # this checkout (spark/migratory_spark/against.py)
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,7 @@ def _in_git_checkout() -> bool:
 
 
 def test_a_tree_is_timed_in_its_own_process(logs: GenerateResult, tmp_path: Path) -> None:
-    tree = str(Path(against.__file__).resolve().parents[2])
-    result = against.timed_report(tree, logs.folders, str(tmp_path / "report"), "local[1]", "1g")
+    result = against.timed_report(TREE, logs.folders, str(tmp_path / "report"), "local[1]", "1g")
     assert result["message_lines"] == logs.message_lines  # it read every line it was given
     assert result["start"] > 0 and result["analyze"] > 0
     assert result["total"] == pytest.approx(result["start"] + result["analyze"], abs=0.02)
@@ -39,9 +39,7 @@ def test_a_tree_is_timed_in_its_own_process(logs: GenerateResult, tmp_path: Path
 
 def test_a_failing_report_is_one_line_naming_the_tree(tmp_path: Path) -> None:
     with pytest.raises(against.AgainstError, match=r"the report of .* failed \(exit 1\): .*not a directory"):
-        against.timed_report(
-            str(Path(against.__file__).resolve().parents[2]), [str(tmp_path / "none")], str(tmp_path), "local[1]", "1g"
-        )
+        against.timed_report(TREE, [str(tmp_path / "none")], str(tmp_path), "local[1]", "1g")
 
 
 def test_pairs_run_in_turn_on_the_same_logs(logs: GenerateResult, tmp_path: Path) -> None:

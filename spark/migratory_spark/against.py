@@ -46,6 +46,10 @@ print(json.dumps({"start": started, "analyze": analysed, "message_lines": lines.
 """
 
 
+# what each pair's ratio is taken of: start + analyze, and analyze alone
+_MEASURES = ("total", "analyze")
+
+
 class AgainstError(RuntimeError):
     """The earlier commit could not be checked out or its report failed (the message says which)."""
 
@@ -126,26 +130,15 @@ def run_against(
                     f"the two reports read different logs ({before.get('message_lines')} and "
                     f"{now.get('message_lines')} message lines)"
                 )
-            pairs.append(
-                {
-                    "baseline": before,
-                    "current": now,
-                    "ratio_total": round(now["total"] / before["total"], 3),
-                    "ratio_analyze": round(now["analyze"] / before["analyze"], 3),
-                }
-            )
+            pair: dict[str, Any] = {"baseline": before, "current": now}
+            for measure in _MEASURES:
+                pair[f"ratio_{measure}"] = round(now[measure] / before[measure], 3)
+            pairs.append(pair)
     finally:
         subprocess.run(["git", "-C", root, "worktree", "remove", "--force", baseline], capture_output=True, check=False)
         subprocess.run(["git", "-C", root, "worktree", "prune"], capture_output=True, check=False)  # if interrupted
-    return {
-        "commit": full,
-        "rounds": pairs,
-        "ratio_total": {
-            "median": statistics.median(p["ratio_total"] for p in pairs),
-            "max": max(p["ratio_total"] for p in pairs),
-        },
-        "ratio_analyze": {
-            "median": statistics.median(p["ratio_analyze"] for p in pairs),
-            "max": max(p["ratio_analyze"] for p in pairs),
-        },
-    }
+    summary: dict[str, Any] = {"commit": full, "rounds": pairs}
+    for measure in _MEASURES:
+        ratios = [p[f"ratio_{measure}"] for p in pairs]
+        summary[f"ratio_{measure}"] = {"median": statistics.median(ratios), "max": max(ratios)}
+    return summary
