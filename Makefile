@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 CONF ?= conf/migratorydata.conf
 
-.PHONY: run test check lint unit venv deps clean deb rpm analytics packages repo image image-base
+.PHONY: run test check lint unit venv deps clean deb rpm analytics packages repo image image-base jar
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,12 +23,20 @@ $(DEV_STAMP): pyproject.toml migratory/server/_tlsseal.c | $(BIN)/python
 
 venv: $(DEV_STAMP)
 
+# The log analytics' JVM line parser (spark/java), compiled against the venv's PySpark; without it the
+# analytics still run, on Spark's slower from_json (the test suite requires it: tests/test_spark_jar.py).
+JAR := spark/migratory_spark/jars/migratory-spark.jar
+$(JAR): $(wildcard spark/java/migratory/spark/*.java) spark/build_jar.py $(DEV_STAMP)
+	$(BIN)/python spark/build_jar.py --out $@
+
+jar: $(JAR)
+
 run: $(RUN_STAMP)
 	$(BIN)/migratory serve -c $(CONF)
 
 LINT_DIRS := $(wildcard migratory cli tests spark tools bench images packaging)
 # Build scripts outside the installed packages, type-checked on their own (MYPYPATH finds migratory_cli and migratory_spark).
-SCRIPT_PY := $(wildcard packaging/*.py images/*.py)
+SCRIPT_PY := $(wildcard packaging/*.py images/*.py spark/build_jar.py)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check $(LINT_DIRS)
@@ -39,7 +47,7 @@ lint: $(DEV_STAMP)
 deps:
 	bash .ci/deps.sh
 
-unit: $(DEV_STAMP) deps
+unit: $(DEV_STAMP) deps $(JAR)
 	$(BIN)/pytest -q
 
 # Everything: lint, then every test (cluster, Spark, packages, repositories, the VM image); see README.md.
@@ -47,7 +55,7 @@ test: lint unit
 
 # The quick tier: lint and the tests that need no VM, Spark, packaging or cluster (a few minutes, no root needed).
 CHECK_SKIP := --ignore=tests/test_packaging.py --ignore=tests/test_spark.py --ignore=tests/test_spark_cli.py
-check: lint
+check: lint $(JAR)
 	$(BIN)/pytest -q -m "not slow and not packaging and not image and not spark" $(CHECK_SKIP)
 
 # Packages and image, version from pyproject.toml, into dist/ (reproducible: same commit, same bytes).
@@ -94,4 +102,4 @@ image: $(RUN_STAMP) $(BASE_IMAGE)
 		$(if $(ANALYTICS),--analytics-deb dist/migratorydata-analytics_$(VERSION)_$(ARCH).deb)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache spark/migratory_spark/jars

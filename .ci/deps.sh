@@ -17,6 +17,8 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # Java 17+ for PySpark (the log analytics); pyspark itself comes from PyPI with the `spark` extra
 java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1 || true)
 if [ -z "$java_major" ] || [ "$java_major" -lt 17 ]; then need+=(openjdk-17-jre-headless); fi
+# and its compiler for the analytics' JVM line parser (spark/build_jar.py, `make jar`)
+command -v javac >/dev/null 2>&1 || need+=(openjdk-17-jdk-headless)
 [ -x /usr/bin/python3.11 ] || need+=(python3.11)
 command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
 [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)

@@ -99,11 +99,12 @@ PYTHON_TOOL = Tool(PYTHON, "the packaged venv's interpreter", "python3.11", "pyt
 DPKG_DEB = Tool("dpkg-deb", "builds the DEB", "dpkg", "dpkg")
 DPKG = Tool("dpkg", "names the architecture of the DEB", "dpkg", "dpkg")
 RPMBUILD = Tool("rpmbuild", "builds the RPM", "rpm", "rpm-build")
+JAVAC = Tool("javac", "compiles the analytics' JVM line parser", "openjdk-17-jdk-headless", "java-17-openjdk-devel")
 STEP_TOOLS = {
     "deb": [PYTHON_TOOL, DPKG_DEB, DPKG],
     "rpm": [PYTHON_TOOL, RPMBUILD],
-    "analytics-deb": [PYTHON_TOOL, DPKG_DEB, DPKG],
-    "analytics-rpm": [PYTHON_TOOL, RPMBUILD],
+    "analytics-deb": [PYTHON_TOOL, DPKG_DEB, DPKG, JAVAC],
+    "analytics-rpm": [PYTHON_TOOL, RPMBUILD, JAVAC],
 }
 ALIASES = {
     "all": ["deb", "rpm"],
@@ -418,7 +419,7 @@ def stage_analytics(build: Build) -> None:
     shutil.copytree(
         REPO / "spark" / "migratory_spark",
         src / "migratory_spark",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "jars"),  # the jar is built below, for this PySpark
     )
     requirements = ", ".join(f'"{r}"' for r in spark_requirements())
     (src / "pyproject.toml").write_text(
@@ -438,6 +439,9 @@ def stage_analytics(build: Build) -> None:
         env=build.env,
     )
     site = next((venv / "lib").glob("python3.*/site-packages"))
+    # the JVM line parser, compiled against the PySpark just installed (reproducible: see spark/build_jar.py)
+    jar = ["--out", str(site / "migratory_spark" / "jars" / "migratory-spark.jar")]
+    run([sys.executable, str(REPO / "spark" / "build_jar.py"), *jar, "--spark-jars", str(site / "pyspark" / "jars")])
     after = files_of(venv)
     changed = sorted(str(p) for p, digest in before.items() if after.get(p) != digest)
     if changed:

@@ -499,10 +499,11 @@ def test_parse_lines_accepts_exactly_one_object_per_line(spark: SparkSession) ->
         "{}",
         '"text"',
     ]
-    lines = spark.createDataFrame([(line,) for line in [*good, *bad, "", "  \r"]], "value STRING")
-    result = parse_lines(lines, ACCESS_SCHEMA).select("value", "bad", "blank").collect()
-    assert sorted(r["value"] for r in result if r["blank"]) == ["", "  \r"]  # ignored, never corrupt
-    parsed = {r["value"]: r["bad"] for r in result if not r["blank"]}
+    everything = [*good, *bad, "", "  \r"]
+    lines = spark.createDataFrame(list(enumerate(everything)), "id INT, value STRING")
+    result = parse_lines(lines, ACCESS_SCHEMA).select("id", "bad", "blank").collect()
+    assert sorted(everything[r["id"]] for r in result if r["blank"]) == ["", "  \r"]  # ignored, never corrupt
+    parsed = {everything[r["id"]]: r["bad"] for r in result if not r["blank"]}
     assert len(parsed) == len(good) + len(bad)
     assert [line for line in good if parsed[line]] == []
     assert [line for line in bad if not parsed[line]] == []
@@ -528,8 +529,9 @@ def test_time_must_be_written_exactly_as_the_server_writes_it(spark: SparkSessio
         "2026-11-0\uff12T00:00:01.0Z",  # 24 bytes, a full-width digit
         "2026-11-02",
     ]
-    lines = spark.createDataFrame([(line(ts),) for ts in [*good, *bad]], "value STRING")
-    result = {r["value"]: (r["bad"], r["second"]) for r in parse_lines(lines, ACCESS_SCHEMA).collect()}
+    everything = [line(ts) for ts in [*good, *bad]]
+    lines = spark.createDataFrame(list(enumerate(everything)), "id INT, value STRING")
+    result = {everything[r["id"]]: (r["bad"], r["second"]) for r in parse_lines(lines, ACCESS_SCHEMA).collect()}
     assert [result[line(ts)] for ts in good] == [(False, T0 + 1), (False, T0 + 86399)]
     assert [ts for ts in bad if not result[line(ts)][0]] == []
 

@@ -168,28 +168,61 @@ def _timestamp(ts: Column) -> Column:
     return F.when(shaped, ts.try_cast("timestamp"))
 
 
-def parse_lines(lines: DataFrame, schema: StructType) -> DataFrame:
-    """Text lines (``value``) -> the schema's columns plus ``time``, ``second`` and the flags ``blank``
-    (nothing but whitespace: to be ignored) and ``bad`` (corrupt).
+# the JVM-side parser shipped with the package (spark/java, built into migratory_spark/jars)
+JSON_LINES_CLASS = "migratory.spark.JsonLines"
 
-    ``value`` is kept (the caller keeps it for corrupt lines only). Nothing here filters: a filter on a
-    parsed column would be pushed below the parse by the optimiser and parse every line twice.
+
+def jvm_parser(spark: SparkSession) -> Any | None:
+    """The package's JVM line parser when its jar is on the session's class path (see :mod:`session`), else None."""
+    from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
+
+    found = spark._jvm
+    for part in JSON_LINES_CLASS.split("."):
+        found = getattr(found, part)
+    return found if isinstance(found, JavaClass) else None
+
+
+def parse_lines(
+    lines: DataFrame, schema: StructType, keep: Sequence[str] | None = None, jvm: bool | None = None
+) -> DataFrame:
+    """Text lines (``value``) -> the other columns of ``lines``, the schema's fields in ``keep`` (all by
+    default; every field is checked either way), ``time``, the flags ``blank`` (nothing but whitespace: to
+    be ignored) and ``bad`` (corrupt), ``example`` (a corrupt line's first bytes) and ``second``. A
+    corrupt line has no time; its fields are not to be read.
+
+    Two parsers apply the same rules (tested side by side): the package's JVM one, which hands Jackson the
+    line's bytes (``jvm=None`` takes it when its jar is loaded), and Spark's ``from_json`` (``jvm=False``,
+    or no jar). Nothing here filters: a filter on a parsed column would be pushed below ``from_json`` by the
+    optimiser and parse every line twice.
     """
     fields = [f for f in schema.fields if f.name != CORRUPT]
+    kept = [f.name for f in fields] if keep is None else list(keep)
+    others = [name for name in lines.columns if name != "value"]
+    spark = lines.sparkSession
+    parser = None if jvm is False else jvm_parser(spark)
+    if jvm and parser is None:
+        raise RuntimeError(f"{JSON_LINES_CLASS} is not on the class path (build it with: make jar)")
+    if parser is not None:
+        java_schema = spark._jsparkSession.parseDataType(StructType(fields).json())
+        # a Python list arrives as a java.util.List (PySpark's gateway converts it)
+        parsed = DataFrame(parser.parse(lines._jdf, java_schema, kept, SCHEMA_VERSION, _EXAMPLE_BYTES), spark)
+        return parsed.withColumn("second", F.unix_seconds("time"))
     wrapped = StructType([StructField("r", ArrayType(StructType(fields))), StructField(CORRUPT, StringType())])
     value = F.col("value")
-    parsed = F.from_json(
+    parsed_json = F.from_json(
         F.concat(F.lit('{"r":['), value, F.lit("]}")),
         wrapped,
         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
     )
-    # a line with a "]" could close the wrapper above early: read its tokens in the other wrapper too
-    # (contains, not instr: a first-byte scan, not a comparison at every character)
-    closed = F.json_object_keys(F.concat(F.lit('{"r":'), value, F.lit("}"))).isNotNull()
+    # a line with a "]" could close the wrapper above early: read its tokens in the other wrapper too, with
+    # the same JSON options (contains, not instr: a first-byte scan, not a comparison at every character)
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    as_text = StructType([StructField("r", StringType()), StructField(CORRUPT, StringType())])
+    closed = F.from_json(F.concat(F.lit('{"r":'), value, F.lit("}")), as_text, options).getField(CORRUPT).isNull()
     single = F.when(value.contains("]"), closed).otherwise(F.lit(True))
     count = F.size("_p.r")
     rows = (
-        lines.select("*", parsed.alias("_p"))
+        lines.select("*", parsed_json.alias("_p"))
         .select("*", F.try_element_at("_p.r", F.lit(1)).alias("_r"))
         .select(
             *lines.columns,
@@ -211,10 +244,16 @@ def parse_lines(lines: DataFrame, schema: StructType) -> DataFrame:
         | F.col("v").isNull()
         | (F.col("v") != SCHEMA_VERSION)
     )
-    return (
-        rows.withColumn("bad", bad)
-        .withColumn("second", F.unix_seconds("time"))
-        .drop("_malformed", "_missing", "_single")
+    example = F.when(F.col("bad"), F.substring(value.cast("binary"), 1, _EXAMPLE_BYTES))
+    # a corrupt line has no time (nor fields to read: the JVM parser leaves those of a malformed one null)
+    return rows.withColumn("bad", bad).select(
+        *others,
+        *kept,
+        F.when(~F.col("bad"), F.col("time")).alias("time"),
+        "blank",
+        "bad",
+        example.alias("example"),
+        F.unix_seconds(F.when(~F.col("bad"), F.col("time"))).alias("second"),
     )
 
 
@@ -252,7 +291,7 @@ def _read_kind(
     if lines is None:
         empty = StructType([StructField("value", StringType()), StructField("node_id", IntegerType())])
         lines = spark.createDataFrame([], empty)
-    rows = parse_lines(lines, _parsed_schema(schema, keep))
+    rows = parse_lines(lines, _parsed_schema(schema, keep), keep)
     inside = F.lit(True)
     if since is not None:
         inside = inside & (F.col("time") >= F.lit(since))
@@ -261,8 +300,7 @@ def _read_kind(
     state = (F.when(F.col("blank"), _BLANK).when(F.col("bad"), _CORRUPT).when(inside, _GOOD).otherwise(_OUTSIDE)).cast(
         "byte"
     )
-    example = F.when(F.col("bad"), F.substring(F.col("value").cast("binary"), 1, _EXAMPLE_BYTES))
-    return rows.select("node_id", state.alias("state"), "second", *keep, example.alias("example"))
+    return rows.select("node_id", state.alias("state"), "second", *keep, "example")
 
 
 def _names(codes: Column, names: Sequence[str]) -> Column:

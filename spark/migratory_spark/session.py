@@ -61,6 +61,11 @@ __all__ = [
     "session_settings",
 ]
 
+# the package's JVM line parser (spark/java, built by `make jar`); without it the logs are parsed by from_json
+JAR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jars", "migratory-spark.jar")
+# MIGRATORY_SPARK_JAR=0 leaves it out (the from_json parser, e.g. to compare the two)
+JAR_ENV = "MIGRATORY_SPARK_JAR"
+
 # MIGRATORY_SPARK_CDS=0 turns the class-data sharing archive off; a path puts it in that folder
 CDS_ENV = "MIGRATORY_SPARK_CDS"
 _CDS_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -203,6 +208,8 @@ def session_settings(master: str | None, input_size: int | None = None) -> dict[
         "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
+    if os.path.isfile(JAR) and os.environ.get(JAR_ENV, "").lower() not in ("0", "false", "no", "off"):
+        settings["spark.jars"] = JAR  # the driver loads it, and the executors fetch it from the driver
     if _local(master):
         # one machine: a few shuffle partitions beat Spark's 200 tiny ones
         settings["spark.sql.shuffle.partitions"] = str(max(4, 2 * (os.cpu_count() or 2)))

@@ -1,0 +1,81 @@
+"""Build the JVM line parser (spark/java) into migratory_spark/jars/migratory-spark.jar.
+
+    python spark/build_jar.py [--out JAR] [--spark-jars DIR]
+
+javac compiles against the jars of the PySpark it will run in (``--spark-jars``,
+by default the importable pyspark's), for Java 17. The jar is reproducible: its
+entries are written in name order with a fixed timestamp, so the packages that
+carry it stay byte-identical from one build to the next. Without javac it exits
+2 with one line naming the Debian package; the analytics then parse with Spark's
+``from_json``, about twice as slow at 1 GB (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCES = HERE / "java"
+DEFAULT_OUT = HERE / "migratory_spark" / "jars" / "migratory-spark.jar"
+# zip's earliest date: no build time in the jar
+FIXED_TIME = (1980, 1, 1, 0, 0, 0)
+MANIFEST = b"Manifest-Version: 1.0\r\nCreated-By: migratory build_jar.py\r\n\r\n"
+
+
+def javac() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "javac"), os.X_OK):
+        return os.path.join(home, "bin", "javac")
+    return shutil.which("javac")
+
+
+def spark_jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
+def build(out: Path, jars: Path) -> None:
+    """Compile every source under spark/java against ``jars`` and write the jar to ``out`` (atomically)."""
+    compiler = javac()
+    if compiler is None:
+        raise SystemExit("build_jar: javac not found (the JDK): apt-get install openjdk-17-jdk-headless")
+    if not jars.is_dir():
+        raise SystemExit(f"build_jar: {jars}: not a folder of Spark jars")
+    sources = sorted(str(p) for p in SOURCES.rglob("*.java"))
+    with tempfile.TemporaryDirectory(prefix="migratory-jar-") as tmp:
+        classes = Path(tmp) / "classes"
+        options = ["--release", "17", "-nowarn", "-encoding", "UTF-8", "-cp", f"{jars}/*", "-d", str(classes)]
+        done = subprocess.run([compiler, *options, *sources], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"build_jar: javac failed:\n{done.stderr.strip()}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_name(out.name + ".part")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
+            jar.writestr(zipfile.ZipInfo("META-INF/MANIFEST.MF", FIXED_TIME), MANIFEST, zipfile.ZIP_DEFLATED)
+            for path in sorted(classes.rglob("*.class")):
+                entry = zipfile.ZipInfo(path.relative_to(classes).as_posix(), FIXED_TIME)
+                entry.external_attr = 0o644 << 16
+                jar.writestr(entry, path.read_bytes(), zipfile.ZIP_DEFLATED)
+        os.replace(partial, out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="build_jar.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the jar to write")
+    parser.add_argument("--spark-jars", type=Path, help="Spark's jars folder (default: the importable pyspark's)")
+    args = parser.parse_args(argv)
+    build(args.out, args.spark_jars or spark_jars())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
