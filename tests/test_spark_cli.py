@@ -26,6 +26,7 @@ from migratory_spark.console import render
 from migratory_spark.generate import GenerateResult, generate
 from migratory_spark.reader import read_logs
 from migratory_spark.schema import STATS_INDICATORS, STATS_WINDOWS
+from migratory_spark.session import JAR
 from pyspark.sql import SparkSession
 from rich.console import Console
 
@@ -165,6 +166,7 @@ def test_cli_report(generated: GenerateResult, tmp_path: Path) -> None:
     ):
         assert title in result.stdout
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["spark"]["parser"] == "jvm"  # the package's jar, loaded by the CLI's local session
     assert summary["lines"] == {
         "access": generated.access_lines,
         "message": generated.message_lines,
@@ -326,6 +328,8 @@ def test_spark_submit_on_a_standalone_cluster(
             "spark.executor.memory=512m",
             "--conf",
             "spark.sql.shuffle.partitions=4",
+            "--jars",  # the JVM line parser: the driver loads it, the executor fetches it from the driver
+            str(JAR),
             str(SUBMIT_PY),
             *generated.folders,
             "--out",
@@ -340,6 +344,7 @@ def test_spark_submit_on_a_standalone_cluster(
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["spark"]["master"] == url
+    assert summary["spark"]["parser"] == "jvm"  # run in the executor: the jar reached it
     assert summary["lines"]["message"] == generated.message_lines
     assert summary["lines"]["corrupt"] == generated.corrupt_lines
     assert summary["sessions"]["reconnect_storm_addresses"] == 2

@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 
 from migratory_spark import SCHEMA_VERSION, http, latency, security, sessions, subjects, traffic
 from migratory_spark import stats as server_stats
-from migratory_spark.reader import LogFrames, corrupt_rows, read_logs
+from migratory_spark.reader import LogFrames, corrupt_rows, jvm_parser, read_logs
 
 __all__ = [
     "NO_STATS",
@@ -709,7 +709,12 @@ def summarize(spark: SparkSession, analysis: Analysis, options: Options) -> dict
         "skipped_files": overview.skipped,
         "since": _plain(options.since),
         "until": _plain(options.until),
-        "spark": {"version": spark.version, "master": spark.sparkContext.master},
+        # which line parser read the logs: the package's JVM one, or from_json without its jar
+        "spark": {
+            "version": spark.version,
+            "master": spark.sparkContext.master,
+            "parser": "jvm" if jvm_parser(spark) is not None else "from_json",
+        },
         "period": {
             "first": _iso(overview.first),
             "last": _iso(overview.last),

@@ -208,12 +208,13 @@ def session_settings(master: str | None, input_size: int | None = None) -> dict[
         "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
-    if os.path.isfile(JAR) and os.environ.get(JAR_ENV, "").lower() not in ("0", "false", "no", "off"):
-        settings["spark.jars"] = JAR  # the driver loads it, and the executors fetch it from the driver
     if _local(master):
         # one machine: a few shuffle partitions beat Spark's 200 tiny ones
         settings["spark.sql.shuffle.partitions"] = str(max(4, 2 * (os.cpu_count() or 2)))
         settings["spark.ui.enabled"] = "false"
+        if os.path.isfile(JAR) and os.environ.get(JAR_ENV, "").lower() not in ("0", "false", "no", "off"):
+            # the driver loads it (under spark-submit, pass it with --jars: see docs/analytics.md)
+            settings["spark.jars"] = JAR
         # embedded: the driver talks to itself only, never on the machine's public address
         settings["spark.driver.host"] = "127.0.0.1"
         settings["spark.driver.bindAddress"] = "127.0.0.1"
@@ -258,6 +259,8 @@ def build_session(
     cds = ""
     if local and "spark.driver.extraJavaOptions" not in chosen:
         cds, _ = cds_options([chosen.get("spark.driver.extraClassPath", "")])
+    if "spark.jars" in settings and chosen.get("spark.jars"):
+        chosen["spark.jars"] = settings["spark.jars"] + "," + chosen["spark.jars"]  # theirs and ours
     settings.update(chosen)
     if cds:
         settings["spark.driver.extraJavaOptions"] += " " + cds
