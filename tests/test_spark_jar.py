@@ -172,3 +172,26 @@ def test_a_missing_jar_is_named(spark: SparkSession, monkeypatch: pytest.MonkeyP
     with pytest.raises(RuntimeError, match="make jar"):
         parse_lines(lines, ACCESS_SCHEMA, jvm=True)
     assert parse_lines(lines, ACCESS_SCHEMA).select("bad").first() == (True,)  # from_json, without the jar
+
+
+def test_other_columns_pass_through_and_a_null_line_is_corrupt(spark: SparkSession) -> None:
+    """Whatever else a line carries (a node number, a struct) comes out as it went in, with either parser."""
+    good = f'{{"v":1,"ts":"{TS}","event":"connect","subject":"/a"}}'
+    lines = spark.createDataFrame(
+        [(1, ("n1", [1, 2]), good), (2, ("n2", []), None), (3, None, "  ")],
+        "id INT, origin STRUCT<name: STRING, parts: ARRAY<INT>>, value STRING",
+    )
+    found = {}
+    for jvm in (True, False):
+        rows = parse_lines(lines, ACCESS_SCHEMA, keep=["event", "subject"], jvm=jvm).collect()
+        found[jvm] = sorted(
+            (r["id"], r["origin"], r["event"] if not r["bad"] else None, r["subject"], r["blank"], r["bad"])
+            for r in rows
+        )
+        assert rows[0].__fields__[:4] == ["id", "origin", "event", "subject"]
+    assert found[True] == [
+        (1, ("n1", [1, 2]), "connect", "/a", False, False),
+        (2, ("n2", []), None, None, False, True),
+        (3, None, None, None, True, False),
+    ]
+    assert found[False] == found[True]

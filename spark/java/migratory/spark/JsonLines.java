@@ -21,6 +21,8 @@ import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.json.JSONOptions;
 import org.apache.spark.sql.catalyst.util.ArrayBasedMapData;
+import org.apache.spark.sql.catalyst.util.ArrayData;
+import org.apache.spark.sql.catalyst.util.MapData;
 import org.apache.spark.sql.catalyst.util.DateTimeUtils;
 import org.apache.spark.sql.catalyst.util.GenericArrayData;
 import org.apache.spark.sql.classic.Dataset;
@@ -53,7 +55,8 @@ public final class JsonLines {
 
   /**
    * {@code lines} (a string column {@code value}, and any others) to the other columns, the {@code
-   * keep} fields of the schema (every field is checked, only those are kept), {@code time} (the {@code ts} field as a timestamp, or null), {@code blank} (nothing but JSON
+   * keep} fields of the schema (every field is checked, only those are kept), {@code time} (the
+   * {@code ts} field as a timestamp, null on a corrupt line), {@code blank} (nothing but JSON
    * whitespace), {@code bad} (corrupt: see the reader) and {@code example} (the first {@code
    * exampleBytes} bytes of a corrupt line, else null).
    */
@@ -126,18 +129,28 @@ public final class JsonLines {
           for (int i = 0; i < columns.length; i++) {
             out[i] = row.isNullAt(columns[i]) ? null : copy(row.get(columns[i], types[i]));
           }
-          parser.parse(row.isNullAt(value) ? EMPTY : row.getUTF8String(value), out);
+          parser.parse(row.isNullAt(value) ? null : row.getUTF8String(value), out);
           return new GenericInternalRow(out);
         }
       };
     }
   }
 
-  private static final UTF8String EMPTY = UTF8String.fromString("");
-
-  /** A value of the input row that may point into a reused buffer (a string) is copied. */
+  /** A value of the input row that may point into its reused buffer (string, struct, array, map) is copied. */
   private static Object copy(Object value) {
-    return value instanceof UTF8String text ? text.clone() : value;
+    if (value instanceof UTF8String text) {
+      return text.clone();
+    }
+    if (value instanceof InternalRow struct) {
+      return struct.copy();
+    }
+    if (value instanceof ArrayData array) {
+      return array.copy();
+    }
+    if (value instanceof MapData map) {
+      return map.copy();
+    }
+    return value;
   }
 
   /** Converts one JSON value (the parser on its first token) to Spark's internal value. */
@@ -195,8 +208,13 @@ public final class JsonLines {
       return new Object[lead + kept.length + 4];
     }
 
-    /** One line into {@code out} after its lead columns. */
+    /** One line into {@code out} after its lead columns; a null line is corrupt (as from_json has it). */
     void parse(UTF8String line, Object[] out) {
+      if (line == null) {
+        out[lead + kept.length + 2] = true;  // bad, with no example
+        out[lead + kept.length + 1] = false;
+        return;
+      }
       byte[] bytes;
       int offset;
       int length = line.numBytes();
