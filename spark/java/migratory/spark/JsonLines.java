@@ -279,21 +279,28 @@ public final class JsonLines {
       if (parser.nextToken() != JsonToken.START_OBJECT) {
         throw CORRUPT;
       }
-      JsonToken token;
-      while ((token = parser.nextToken()) != JsonToken.END_OBJECT) {
-        if (token == null) {
-          throw CORRUPT;
-        }
-        Integer at = index.get(parser.currentName());
-        parser.nextToken();
-        if (at == null) {
-          parser.skipChildren();
-        } else {
-          values[at] = converters[at].convert(parser);
-        }
-      }
+      readObject(parser, index, converters, values);
       if (parser.nextToken() != null) {
         throw CORRUPT;
+      }
+    }
+  }
+
+  /**
+   * The fields of the object the parser has just opened into {@code values}, by name; unknown ones are
+   * skipped, and a repeated one keeps its last value (as Spark does). Jackson itself rejects an object
+   * that is not closed.
+   */
+  private static void readObject(
+      JsonParser parser, Map<String, Integer> names, Converter[] converters, Object[] values)
+      throws IOException {
+    while (parser.nextToken() == JsonToken.FIELD_NAME) {
+      Integer at = names.get(parser.currentName());
+      parser.nextToken();
+      if (at == null) {
+        parser.skipChildren();
+      } else {
+        values[at] = converters[at].convert(parser);
       }
     }
   }
@@ -390,15 +397,7 @@ public final class JsonLines {
           return other(p);
         }
         Object[] values = new Object[all.length];
-        while (p.nextToken() == JsonToken.FIELD_NAME) {
-          Integer at = names.get(p.currentName());
-          p.nextToken();
-          if (at == null) {
-            p.skipChildren();
-          } else {
-            values[at] = inner[at].convert(p);
-          }
-        }
+        readObject(p, names, inner, values);
         return new GenericInternalRow(values);
       };
     }
