@@ -3,7 +3,8 @@
     python spark/build_jar.py [--out JAR] [--spark-jars DIR]
 
 javac compiles against the jars of the PySpark it will run in (``--spark-jars``,
-by default the importable pyspark's), for Java 17. The jar is reproducible: its
+by default the importable pyspark's), for Java 17; the manifest names that
+Spark's version, and the reader leaves a jar built for another Spark unused. The jar is reproducible: its
 entries are written in name order with a fixed timestamp, so the packages that
 carry it stay byte-identical from one build to the next. Without javac it exits
 2 with one line naming the Debian package; the analytics then parse with Spark's
@@ -27,7 +28,19 @@ SOURCES = HERE / "java"
 DEFAULT_OUT = HERE / "migratory_spark" / "jars" / "migratory-spark.jar"
 # zip's earliest date: no build time in the jar
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
-MANIFEST = b"Manifest-Version: 1.0\r\nCreated-By: migratory build_jar.py\r\n\r\n"
+
+
+def manifest(spark_version: str) -> bytes:
+    """The jar's manifest: the Spark it was compiled against, which the reader checks before using it."""
+    lines = ["Manifest-Version: 1.0", "Created-By: migratory build_jar.py", "Implementation-Title: migratory-spark"]
+    return ("\r\n".join([*lines, f"Implementation-Version: {spark_version}"]) + "\r\n\r\n").encode()
+
+
+def spark_version(jars: Path) -> str:
+    """4.3.0 from spark-core_2.13-4.3.0.jar."""
+    for jar in sorted(jars.glob("spark-core_*-*.jar")):
+        return jar.stem.rsplit("-", 1)[1]
+    raise SystemExit(f"build_jar: {jars}: no spark-core jar in it")
 
 
 def javac() -> str | None:
@@ -50,6 +63,7 @@ def build(out: Path, jars: Path) -> None:
         raise SystemExit("build_jar: javac not found (the JDK): apt-get install openjdk-17-jdk-headless")
     if not jars.is_dir():
         raise SystemExit(f"build_jar: {jars}: not a folder of Spark jars")
+    version = spark_version(jars)
     sources = sorted(str(p) for p in SOURCES.rglob("*.java"))
     with tempfile.TemporaryDirectory(prefix="migratory-jar-") as tmp:
         classes = Path(tmp) / "classes"
@@ -60,7 +74,8 @@ def build(out: Path, jars: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(out.name + ".part")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
-            jar.writestr(zipfile.ZipInfo("META-INF/MANIFEST.MF", FIXED_TIME), MANIFEST, zipfile.ZIP_DEFLATED)
+            info = zipfile.ZipInfo("META-INF/MANIFEST.MF", FIXED_TIME)
+            jar.writestr(info, manifest(version), zipfile.ZIP_DEFLATED)
             for path in sorted(classes.rglob("*.class")):
                 entry = zipfile.ZipInfo(path.relative_to(classes).as_posix(), FIXED_TIME)
                 entry.external_attr = 0o644 << 16

@@ -22,6 +22,7 @@ the columns the analyses read, so every analysis starts from it.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -172,14 +173,30 @@ def _timestamp(ts: Column) -> Column:
 JSON_LINES_CLASS = "migratory.spark.JsonLines"
 
 
+_warned: set[str] = set()
+
+
 def jvm_parser(spark: SparkSession) -> Any | None:
-    """The package's JVM line parser when its jar is on the session's class path (see :mod:`session`), else None."""
+    """The package's JVM line parser when its jar is on the session's class path (see :mod:`session`) and
+    was built for this Spark, else None; a jar built for another Spark is named once on standard error."""
     from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
 
     found = spark._jvm
     for part in JSON_LINES_CLASS.split("."):
         found = getattr(found, part)
-    return found if isinstance(found, JavaClass) else None
+    if not isinstance(found, JavaClass):
+        return None
+    built = str(found.sparkVersion())
+    if built != spark.version:
+        if built not in _warned:
+            _warned.add(built)
+            print(
+                f"migratory-spark.jar was built for Spark {built}, this is {spark.version}: "
+                "parsing with from_json (rebuild it: make jar)",
+                file=sys.stderr,
+            )
+        return None
+    return found
 
 
 def parse_lines(

@@ -53,6 +53,11 @@ import scala.Option;
 public final class JsonLines {
   private JsonLines() {}
 
+  /** The Spark version this class was compiled against (its jar's manifest), or null outside a jar. */
+  public static String sparkVersion() {
+    return JsonLines.class.getPackage().getImplementationVersion();
+  }
+
   /**
    * {@code lines} (a string column {@code value}, and any others) to the other columns, the {@code
    * keep} fields of the schema (every field is checked, only those are kept), {@code time} (the
