@@ -8,11 +8,13 @@ unknown schema version is *corrupt*: it is counted per node and file kind, an
 example is kept, and it is left out of every analysis, never fatal. Blank lines
 are ignored.
 
-The check costs no second parse: the line is parsed wrapped as ``{"r":[LINE]}``
-(a list of exactly one object; anything after the object breaks the wrapper
-unless it starts by closing it with ``]``), and only a line holding a ``]`` has
-its tokens read a second time, wrapped as ``{"r":LINE}`` (which that ``]``
-breaks). Together they accept exactly one JSON object per line.
+Two parsers apply these rules alike (tests/test_spark_jar.py). The package's JVM
+parser (spark/java, ``make jar``) hands Jackson the line's bytes, reads the object
+and asks for one more token, which must be the line's end. Without its jar,
+Spark's ``from_json`` parses the line wrapped as ``{"r":[LINE]}`` (a list of
+exactly one object; anything after the object breaks the wrapper unless it starts
+by closing it with ``]``), and only a line holding a ``]`` has its tokens read a
+second time, wrapped as ``{"r":LINE}`` (which that ``]`` breaks).
 
 Every directory given is one node; the node is kept on each row so that session
 ids (unique per node only) are keyed by node. The parse is persisted, with only
@@ -226,14 +228,10 @@ def parse_lines(
         return parsed.withColumn("second", F.unix_seconds("time"))
     wrapped = StructType([StructField("r", ArrayType(StructType(fields))), StructField(CORRUPT, StringType())])
     value = F.col("value")
-    parsed_json = F.from_json(
-        F.concat(F.lit('{"r":['), value, F.lit("]}")),
-        wrapped,
-        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
-    )
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    parsed_json = F.from_json(F.concat(F.lit('{"r":['), value, F.lit("]}")), wrapped, options)
     # a line with a "]" could close the wrapper above early: read its tokens in the other wrapper too, with
     # the same JSON options (contains, not instr: a first-byte scan, not a comparison at every character)
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
     as_text = StructType([StructField("r", StringType()), StructField(CORRUPT, StringType())])
     closed = F.from_json(F.concat(F.lit('{"r":'), value, F.lit("}")), as_text, options).getField(CORRUPT).isNull()
     single = F.when(value.contains("]"), closed).otherwise(F.lit(True))
