@@ -944,6 +944,7 @@ def serve_publish_and_analyze(box: Chroot, unit: str) -> None:
     summary = analyze_as_service_user(box)
     assert "/pkg/analytics/1" in json.dumps(summary)
     assert summary["inputs"] == ["/var/log/migratorydata"]
+    assert summary["spark"]["parser"] == "jvm"  # the package's jar, built for its own PySpark
 
 
 @pytest.mark.timeout(REPO_TEST_TIMEOUT)
