@@ -55,7 +55,7 @@ test: lint unit
 
 # The quick tier: lint and the tests that need no VM, Spark, packaging or cluster (a few minutes, no root needed).
 CHECK_SKIP := --ignore=tests/test_packaging.py --ignore=tests/test_spark.py --ignore=tests/test_spark_cli.py
-check: lint $(JAR)
+check: lint
 	$(BIN)/pytest -q -m "not slow and not packaging and not image and not spark" $(CHECK_SKIP)
 
 # Packages and image, version from pyproject.toml, into dist/ (reproducible: same commit, same bytes).

@@ -66,6 +66,9 @@ JAR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jars", "migrator
 # MIGRATORY_SPARK_JAR=0 leaves it out (the from_json parser, e.g. to compare the two)
 JAR_ENV = "MIGRATORY_SPARK_JAR"
 
+# what turns an on-by-default MIGRATORY_SPARK_* variable off
+_OFF = ("0", "false", "no", "off")
+
 # MIGRATORY_SPARK_CDS=0 turns the class-data sharing archive off; a path puts it in that folder
 CDS_ENV = "MIGRATORY_SPARK_CDS"
 _CDS_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -98,7 +101,7 @@ def input_bytes(dirs: Sequence[str]) -> int | None:
 
 def _cds_dir() -> str | None:
     chosen = os.environ.get(CDS_ENV, "")
-    if chosen.lower() in ("0", "false", "no", "off"):
+    if chosen.lower() in _OFF:
         return None
     if chosen and chosen.lower() not in ("1", "true", "yes", "on"):
         return chosen
@@ -212,7 +215,7 @@ def session_settings(master: str | None, input_size: int | None = None) -> dict[
         # one machine: a few shuffle partitions beat Spark's 200 tiny ones
         settings["spark.sql.shuffle.partitions"] = str(max(4, 2 * (os.cpu_count() or 2)))
         settings["spark.ui.enabled"] = "false"
-        if os.path.isfile(JAR) and os.environ.get(JAR_ENV, "").lower() not in ("0", "false", "no", "off"):
+        if os.path.isfile(JAR) and os.environ.get(JAR_ENV, "").lower() not in _OFF:
             # the driver loads it (under spark-submit, pass it with --jars: see docs/analytics.md)
             settings["spark.jars"] = JAR
         # embedded: the driver talks to itself only, never on the machine's public address

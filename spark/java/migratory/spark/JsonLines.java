@@ -67,16 +67,17 @@ public final class JsonLines {
    */
   public static org.apache.spark.sql.Dataset<Row> parse(
       Dataset<Row> lines, StructType schema, List<String> keep, int version, int exampleBytes) {
-    StructType in = lines.schema();
-    int value = in.fieldIndex("value");
+    StructField[] in = lines.schema().fields();
+    int value = lines.schema().fieldIndex("value");
+    // the other columns, passed through in their order
+    int[] columns = new int[in.length - 1];
+    DataType[] types = new DataType[in.length - 1];
     StructType out = new StructType();
-    List<Integer> kept = new ArrayList<>();
-    List<DataType> keptTypes = new ArrayList<>();
-    for (int i = 0; i < in.fields().length; i++) {
+    for (int i = 0, at = 0; i < in.length; i++) {
       if (i != value) {
-        out = out.add(in.fields()[i]);
-        kept.add(i);
-        keptTypes.add(in.fields()[i].dataType());
+        out = out.add(in[i]);
+        columns[at] = i;
+        types[at++] = in[i].dataType();
       }
     }
     int[] fields = new int[keep.size()];
@@ -88,8 +89,6 @@ public final class JsonLines {
         .add("blank", DataTypes.BooleanType, false)
         .add("bad", DataTypes.BooleanType, false)
         .add("example", DataTypes.BinaryType);
-    int[] columns = kept.stream().mapToInt(Integer::intValue).toArray();
-    DataType[] types = keptTypes.toArray(new DataType[0]);
     RDD<InternalRow> input = lines.queryExecution().toRdd();
     Parse parse = new Parse(schema, fields, version, exampleBytes, value, columns, types);
     RDD<InternalRow> rows = input.toJavaRDD().mapPartitions(parse).rdd();
@@ -319,8 +318,7 @@ public final class JsonLines {
     if (ts == null || ts.numBytes() != 24) {
       return null;
     }
-    byte[] b = ts.getBytes();
-    if (b[23] != 'Z' || b[10] != 'T' || b[19] != '.') {
+    if (ts.getByte(23) != 'Z' || ts.getByte(10) != 'T' || ts.getByte(19) != '.') {
       return null;
     }
     Option<Object> micros = DateTimeUtils.stringToTimestamp(ts, ZoneOffset.UTC);
