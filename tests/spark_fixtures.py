@@ -192,6 +192,23 @@ NOT_ONE_OBJECT = [
     '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}] [{"v":1}',
     '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect","subject":"/a\rb"}',  # a bare CR inside the line
 ]
+# one object each, as the server writes them or as an editor may leave them
+ONE_OBJECT = [
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"subscribe","subject":"/t/[/red]"}',
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"subscribe","subject":"/a]}"}',
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}\r',  # a CRLF file
+    ' {"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect","extra":{"n":[1,2]}} ',
+]
+# corrupt as well, beside NOT_ONE_OBJECT: what follows the object, or no object of the schema
+NOT_ONE_OBJECT_EITHER = [
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"},{"v":1}',
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"},"k":1',
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}]}junk',
+    '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}] }junk',
+    "null",
+    "{}",
+    '"text"',
+]
 # a truncated line (no closing brace) with bytes that are not UTF-8, longer than the example kept
 INVALID_UTF8 = b'{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"publish","subject":"/\xff\xfe' + b"x" * 400 + b'"\n'
 

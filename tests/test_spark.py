@@ -31,6 +31,8 @@ from tests.spark_fixtures import (
     HOSTILE_SUBJECTS,
     INDICATORS,
     NOT_ONE_OBJECT,
+    NOT_ONE_OBJECT_EITHER,
+    ONE_OBJECT,
     T0,
     Logs,
     broken_utf8_logs,
@@ -483,22 +485,8 @@ def test_every_line_that_is_not_one_object_is_one_corrupt_line(
 
 
 def test_parse_lines_accepts_exactly_one_object_per_line(spark: SparkSession) -> None:
-    good = [
-        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"subscribe","subject":"/t/[/red]"}',
-        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"subscribe","subject":"/a]}"}',
-        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}\r',  # a CRLF file
-        ' {"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect","extra":{"n":[1,2]}} ',
-    ]
-    bad = [
-        *NOT_ONE_OBJECT,
-        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"},{"v":1}',
-        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"},"k":1',
-        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}]}junk',
-        '{"v":1,"ts":"2026-11-02T00:00:01.000Z","event":"connect"}] }junk',
-        "null",
-        "{}",
-        '"text"',
-    ]
+    good = ONE_OBJECT
+    bad = [*NOT_ONE_OBJECT, *NOT_ONE_OBJECT_EITHER]
     everything = [*good, *bad, "", "  \r"]
     lines = spark.createDataFrame(list(enumerate(everything)), "id INT, value STRING")
     result = parse_lines(lines, ACCESS_SCHEMA).select("id", "bad", "blank").collect()

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from tests.spark_fixtures import INVALID_UTF8, NOT_ONE_OBJECT
+from tests.spark_fixtures import INVALID_UTF8, NOT_ONE_OBJECT, NOT_ONE_OBJECT_EITHER, ONE_OBJECT
 
 pytestmark = pytest.mark.slow
 
@@ -30,15 +30,9 @@ TS = "2026-11-02T00:00:01.000Z"
 RULES: list[bytes] = [
     line.encode()
     for line in [
+        *ONE_OBJECT,
         *NOT_ONE_OBJECT,
-        f'{{"v":1,"ts":"{TS}","event":"subscribe","subject":"/a]}}"}}',
-        f'{{"v":1,"ts":"{TS}","event":"connect"}}\r',
-        f' {{"v":1,"ts":"{TS}","event":"connect","extra":{{"n":[1,2]}}}} ',
-        f'{{"v":1,"ts":"{TS}","event":"connect"}},{{"v":1}}',
-        f'{{"v":1,"ts":"{TS}","event":"connect"}}] }}junk',
-        "null",
-        "{}",
-        '"text"',
+        *NOT_ONE_OBJECT_EITHER,
         "",
         " \t\r",
         f'{{"v":2,"ts":"{TS}","event":"connect"}}',
