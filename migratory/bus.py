@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from migratory.message import Snapshot
@@ -30,6 +30,7 @@ from migratory.replica import Entry, SubjectSync
 
 __all__ = [
     "MAX_BUS_FRAME",
+    "PREAUTH_MAX_FRAME",
     "Ack",
     "BusDecoder",
     "BusError",
@@ -53,9 +54,12 @@ __all__ = [
     "decode",
     "encode",
     "owner",
+    "sync_frames",
 ]
 
 MAX_BUS_FRAME = 64 * 1024 * 1024
+SYNC_CHUNK_BYTES = 1 << 20  # a subject's cached history is sent in frames of about this size
+PREAUTH_MAX_FRAME = 4096  # what a peer that has not yet proved the secret may make us buffer
 
 
 def owner(subject: str, workers: int) -> int:
@@ -621,14 +625,58 @@ def decode(body: bytes) -> BusFrame:
     return frame
 
 
+def sync_frames(state: SubjectSync, fence: int = 0) -> Iterable[SyncSubject]:
+    """One subject's state as frames of at most about SYNC_CHUNK_BYTES each, sent under epoch ``fence``.
+
+    A full cache at ``MaxCachedMessagesPerSubject``'s maximum is megabytes: chunks keep every frame
+    far below :data:`MAX_BUS_FRAME` and let the receiver merge as it goes.
+    """
+    entries = state.entries
+    if not entries:
+        yield SyncSubject(state, False, fence)
+        return
+    start, size = 0, 0
+    for i, entry in enumerate(entries):
+        size += len(entry.content) + 64
+        if size >= SYNC_CHUNK_BYTES and i + 1 < len(entries):
+            yield SyncSubject(
+                SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start : i + 1]), True, fence
+            )
+            start, size = i + 1, 0
+    yield SyncSubject(SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start:]), False, fence)
+
+
 class BusDecoder:
-    """Splits a byte stream into bus frames; ``max_frame`` bounds what a peer may make us buffer."""
+    """Splits a byte stream into bus frames; ``max_frame`` bounds what a peer may make us buffer.
+
+    Before a peer has authenticated, read with :meth:`push` and :meth:`next_frame`: one frame at a
+    time under the small pre-authentication limit, so whatever arrived in the same read after the
+    Hello waits in the buffer and is decoded only once the caller has raised ``max_frame`` (a state
+    sync follows the Hello at once, and one read often holds both).
+    """
 
     __slots__ = ("_buf", "max_frame")
 
     def __init__(self, max_frame: int = MAX_BUS_FRAME) -> None:
         self._buf = b""
         self.max_frame = max_frame
+
+    def push(self, data: bytes) -> None:
+        """Buffer ``data`` without decoding it (pre-authentication; bounded by one read)."""
+        self._buf += data
+
+    def next_frame(self) -> BusFrame | None:
+        """The next complete frame under the current ``max_frame``, or None until more bytes arrive."""
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        (length,) = _U32.unpack_from(buf, 0)
+        if length > self.max_frame:
+            raise BusError(f"bus frame of {length} bytes (at most {self.max_frame})")
+        if len(buf) - 4 < length:
+            return None
+        self._buf = buf[4 + length :]
+        return decode(buf[4 : 4 + length])
 
     def feed(self, data: bytes) -> list[BusFrame]:
         buf = self._buf + data if self._buf else data

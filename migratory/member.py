@@ -53,6 +53,7 @@ from migratory.bus import (
     SyncRequest,
     SyncSubject,
     TableFrame,
+    sync_frames,
 )
 from migratory.groups import GROUPS, Table, epoch_for, group_of, owner_of, rendezvous
 from migratory.protocol import Status
@@ -61,7 +62,6 @@ from migratory.replica import Applied, Entry, Replica, SubjectSync
 __all__ = ["Member", "MemberSettings", "Wire"]
 
 MAX_HOPS = 4
-SYNC_CHUNK_BYTES = 1 << 20
 
 
 class Wire(Protocol):
@@ -130,23 +130,6 @@ class _Unacked:
     frame: Published
     waiters: list[_Pending]
     sent: float = 0.0  # when it was last sent to the other members
-
-
-def _chunks(state: SubjectSync, fence: int = 0) -> Iterable[SyncSubject]:
-    """One subject's state as frames of at most about SYNC_CHUNK_BYTES each, sent under epoch ``fence``."""
-    entries = state.entries
-    if not entries:
-        yield SyncSubject(state, False, fence)
-        return
-    start, size = 0, 0
-    for i, entry in enumerate(entries):
-        size += len(entry.content) + 64
-        if size >= SYNC_CHUNK_BYTES and i + 1 < len(entries):
-            yield SyncSubject(
-                SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start : i + 1]), True, fence
-            )
-            start, size = i + 1, 0
-    yield SyncSubject(SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start:]), False, fence)
 
 
 class Member:
@@ -236,7 +219,7 @@ class Member:
         for subject in subjects:
             state = self.replica.sync(subject)
             if state is not None:
-                for frame in _chunks(state, self.epochs[group_of(subject)]):
+                for frame in sync_frames(state, self.epochs[group_of(subject)]):
                     send(frame)
 
     # --- links ------------------------------------------------------------------------
@@ -433,7 +416,7 @@ class Member:
         if merged.resync:
             self.counters["resyncs"] += 1
         if merged.changed:
-            for sync in _chunks(state):
+            for sync in sync_frames(state):
                 self.wire.to_workers(sync)
 
     def _sync_request(self, member: int, request: SyncRequest, now: float) -> None:

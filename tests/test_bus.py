@@ -104,3 +104,77 @@ def test_bus_batching_joins_frames_of_separate_loop_turns(batching: float, expec
         return recorder.writes
 
     assert asyncio.run(scenario()) == expected
+
+
+def _big_sync(entries: int = 200, size: int = 100) -> b.SyncSubject:
+    cached = tuple(Entry(1, i + 1, bytes(size), {}, False, "") for i in range(entries))
+    return b.SyncSubject(SubjectSync("/big", 1, entries, Snapshot("/big", bytes(size), {}, entries, 1), cached))
+
+
+def test_the_preauthentication_limit_applies_to_the_hello_alone() -> None:
+    """A link's Hello and the state sync sent right after it often arrive in one read: the Hello is read
+    under the 4 KB limit, the rest waits until the caller trusts the peer and raises the limit."""
+    hello, sync = b.Hello(1, b"p" * 32), _big_sync()
+    stream = b.encode(hello) + b.encode(sync)
+    assert len(b.encode(sync)) > b.PREAUTH_MAX_FRAME
+    decoder = b.BusDecoder(max_frame=b.PREAUTH_MAX_FRAME)
+    decoder.push(stream)
+    assert decoder.next_frame() == hello
+    with pytest.raises(b.BusError, match="at most 4096"):  # a stranger's second frame is still bounded
+        decoder.next_frame()
+    decoder.max_frame = b.MAX_BUS_FRAME
+    assert decoder.feed(b"") == [sync]
+    split = b.BusDecoder(max_frame=b.PREAUTH_MAX_FRAME)
+    split.push(stream[:3])
+    assert split.next_frame() is None  # not even a length yet
+    split.push(stream[3:10])
+    assert split.next_frame() is None
+
+
+def test_the_bus_accepts_a_hello_and_a_large_state_in_one_read() -> None:
+    """The worker-agent link of a member restarted after traffic (the fault checker's 13,768-byte frame)."""
+    import asyncio
+
+    from migratory.server.bus import Bus, _Inbound, proof
+
+    async def scenario() -> tuple[list[b.BusFrame], int]:
+        got: list[b.BusFrame] = []
+        bus = Bus(0, [1], "test", b"secret", lambda frame, peer: got.append(frame), lambda peer: None)
+        inbound = _Inbound(bus)
+        inbound.transport = _Recorder()  # type: ignore[assignment]
+        sync = _big_sync()
+        inbound.data_received(b.encode(b.Hello(1, proof(b"secret", "test", 1))) + b.encode(sync) + b"\x00\x00")
+        inbound.data_received(b.encode(b.Interest("/big", 2))[2:])
+        return got, bus.refused
+
+    got, refused = asyncio.run(scenario())
+    assert refused == 0
+    assert got == [_big_sync(), b.Interest("/big", 2)]
+
+
+def test_a_stranger_still_cannot_make_the_bus_buffer_a_large_frame() -> None:
+    import asyncio
+
+    from migratory.server.bus import Bus, _Inbound
+
+    async def scenario() -> tuple[int, bool]:
+        bus = Bus(0, [1], "test", b"secret", lambda frame, peer: None, lambda peer: None)
+        inbound = _Inbound(bus)
+        recorder = _Recorder()
+        recorder.aborted = False  # type: ignore[attr-defined]
+        recorder.abort = lambda: setattr(recorder, "aborted", True)  # type: ignore[attr-defined]
+        inbound.transport = recorder  # type: ignore[assignment]
+        inbound.data_received(b.encode(_big_sync()))
+        return bus.refused, bool(recorder.aborted)  # type: ignore[attr-defined]
+
+    assert asyncio.run(scenario()) == (1, True)
+
+
+def test_a_full_cache_is_synchronised_in_bounded_frames() -> None:
+    state = _big_sync(entries=3000, size=1000).state
+    frames = list(b.sync_frames(state, fence=9))
+    assert len(frames) >= 3
+    assert all(len(b.encode(f)) < b.SYNC_CHUNK_BYTES + 4096 for f in frames)
+    assert [f.more for f in frames] == [True] * (len(frames) - 1) + [False]
+    assert {f.fence for f in frames} == {9}
+    assert tuple(e for f in frames for e in f.state.entries) == state.entries

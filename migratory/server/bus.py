@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import struct
+import time
 from collections.abc import Callable, Iterable
 from typing import cast
 
@@ -37,6 +38,9 @@ __all__ = ["Bus", "peer_uid", "proof"]
 log = logging.getLogger("migratory.server")
 
 MAX_QUEUED_FORWARDS = 100_000
+LINK_RETRY_FIRST = 0.05  # s before the first redial of a peer that is down (being restarted)
+LINK_RETRY_MAX = 1.0  # s at most between redials
+LINK_STABLE = 1.0  # s a link must stay up for the next loss to be redialled at once
 _CRED = struct.Struct("3i")
 
 
@@ -70,7 +74,7 @@ class _Inbound(asyncio.Protocol):
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
-        self.decoder = b.BusDecoder(max_frame=4096)  # a stranger may not make us buffer much
+        self.decoder = b.BusDecoder(max_frame=b.PREAUTH_MAX_FRAME)  # a stranger may not make us buffer much
         self.peer = -1
         self.transport: asyncio.Transport | None = None
 
@@ -81,8 +85,7 @@ class _Inbound(asyncio.Protocol):
             self._refuse(f"a process of uid {uid} connected to the bus (this server runs as uid {os.getuid()})")
 
     def _refuse(self, why: str) -> None:
-        self.bus.refused += 1
-        log.error("bus: refused %s", why)
+        self.bus.refuse(why)
         if self.transport is not None:
             self.transport.abort()
             self.transport = None
@@ -91,6 +94,20 @@ class _Inbound(asyncio.Protocol):
         if self.transport is None:
             return
         try:
+            if self.peer < 0:
+                # the Hello alone is read under the pre-authentication limit; what follows it in the
+                # same read (the peer's state sync) waits in the buffer until the Hello is checked
+                self.decoder.push(data)
+                hello = self.decoder.next_frame()
+                if hello is None:
+                    return
+                if not isinstance(hello, b.Hello) or not self.bus.known(hello):
+                    self._refuse("a peer without the node's secret")
+                    return
+                self.peer = hello.worker
+                self.decoder.max_frame = b.MAX_BUS_FRAME
+                self.bus.inbound_up(hello.worker)
+                data = b""
             frames = self.decoder.feed(data)
         except b.BusError as exc:
             if self.peer < 0:
@@ -100,15 +117,7 @@ class _Inbound(asyncio.Protocol):
                 self.transport.abort()
             return
         for frame in frames:
-            if self.peer < 0:
-                if not isinstance(frame, b.Hello) or not self.bus.known(frame):
-                    self._refuse("a peer without the node's secret")
-                    return
-                self.peer = frame.worker
-                self.decoder.max_frame = b.MAX_BUS_FRAME
-                self.bus.inbound_up(frame.worker)
-            else:
-                self.bus.on_frame(frame, self.peer)
+            self.bus.on_frame(frame, self.peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.peer >= 0:
@@ -167,6 +176,7 @@ class Bus:
         self.on_link_down = on_link_down
         self.peers = {j: _Peer(j) for j in peers if j != worker}
         self.refused = 0
+        self._logged: dict[str, float] = {}
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_armed = False
@@ -174,6 +184,14 @@ class Bus:
         self._closed = False
         self._inbound: set[int] = set()
         self._ready = asyncio.Event()
+
+    def refuse(self, why: str) -> None:
+        """Count every refused link; log it at most once a minute per cause, with the count so far."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._logged.get(why, -1e9) >= 60.0:
+            self._logged[why] = now
+            log.error("bus: refused %s (%d refused so far)", why, self.refused)
 
     def known(self, hello: b.Hello) -> bool:
         """A Hello from one of our peers, proving the node's secret."""
@@ -221,7 +239,9 @@ class Bus:
             self._server.close()
 
     async def _link(self, peer: _Peer) -> None:
+        """Keep one outbound link to ``peer`` up; retried with backoff, never in a hot loop."""
         loop = asyncio.get_running_loop()
+        delay = LINK_RETRY_FIRST
         while not self._closed:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -230,16 +250,17 @@ class Bus:
                 uid = peer_uid(sock)
                 if uid != os.getuid():
                     # someone else holds our peer's name (it is being restarted): never send it our secret
-                    log.error("bus: %s is held by a process of uid %s; not linking", self.path(peer.index)[1:], uid)
-                    self.refused += 1
+                    self.refuse(f"to link to {self.path(peer.index)[1:]}: it is held by a process of uid {uid}")
                     raise ConnectionRefusedError
                 _, writer = await loop.create_unix_connection(_Outbound, sock=sock)
             except OSError:
                 sock.close()
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(delay)
+                delay = min(LINK_RETRY_MAX, delay * 2)
                 continue
             peer.writer = writer
             peer.up = True
+            since = loop.time()
             self._write(peer, b.encode(b.Hello(self.worker, proof(self.secret, self.namespace, self.worker))))
             self.on_link_up(peer.index)  # full state first ...
             queued, peer.queued = peer.queued, []
@@ -251,8 +272,15 @@ class Bus:
             peer.up = False
             peer.writer = None
             peer.pending.clear()
-            if not self._closed:
-                log.warning("bus link to process %d lost", peer.index)
+            if self._closed:
+                break
+            log.warning("bus link to process %d lost", peer.index)
+            if loop.time() - since < LINK_STABLE:
+                # cut right after it came up (the peer refused us, or is crashing): back off before the next try
+                await asyncio.sleep(delay)
+                delay = min(LINK_RETRY_MAX, delay * 2)
+            else:
+                delay = LINK_RETRY_FIRST
 
     def _write(self, peer: _Peer, frame: bytes) -> None:
         if not peer.pending:

@@ -38,7 +38,18 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from migratory.bus import BusFrame, ClusterInfo, Forward, ForwardStatus, Interest, Published, Relay, SyncSubject, owner
+from migratory.bus import (
+    BusFrame,
+    ClusterInfo,
+    Forward,
+    ForwardStatus,
+    Interest,
+    Published,
+    Relay,
+    SyncSubject,
+    owner,
+    sync_frames,
+)
 from migratory.config import Config
 from migratory.conflation import ConflationBuffer, next_boundary, round_conflation
 from migratory.entitlement import AddressList, CustomEntitlement, Decision, Entitlement, build_entitlement
@@ -711,7 +722,8 @@ class Engine:
         for subject in self.replica.subjects():
             state = self.replica.sync(subject)
             if state is not None:
-                self.bus.send(peer, SyncSubject(state))
+                for frame in sync_frames(state):
+                    self.bus.send(peer, frame)
         for subject in self.index.subjects():
             self.bus.send(peer, Interest(subject, self.index.count(subject)))
         # a peer that restarted lost its subscribers: forget what it had told us

@@ -82,7 +82,7 @@ class _Link(asyncio.Protocol):
         self.peer = -1
         self.up = False
         self.established_once = False
-        self.decoder = b.BusDecoder(max_frame=4096)
+        self.decoder = b.BusDecoder(max_frame=b.PREAUTH_MAX_FRAME)
         self.transport: asyncio.Transport | None = None
         self.nonce = secrets.token_bytes(32)
         self.their_nonce = b""
@@ -112,6 +112,18 @@ class _Link(asyncio.Protocol):
         if self.transport is None:
             return
         try:
+            if not self.up:
+                # handshake frames one at a time under the pre-authentication limit: what follows the
+                # last of them in the same read (the peer's state sync) is decoded once we trust it
+                self.decoder.push(data)
+                while not self.up:
+                    frame = self.decoder.next_frame()
+                    if frame is None:
+                        return
+                    self._handshake(frame)
+                    if self.transport is None:
+                        return
+                data = b""
             frames = self.decoder.feed(data)
         except b.BusError as exc:
             if self.up:
@@ -122,10 +134,7 @@ class _Link(asyncio.Protocol):
         for frame in frames:
             if self.transport is None:
                 return
-            if self.up:
-                self.links.received(self.peer, frame)
-            else:
-                self._handshake(frame)
+            self.links.received(self.peer, frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
@@ -193,8 +202,10 @@ class _Link(asyncio.Protocol):
         self.abort()
 
     def abort(self) -> None:
+        """Cut the connection now; nothing more is read from it or written to it."""
         if self.transport is not None:
             self.transport.abort()
+            self.transport = None
 
     # --- output ---------------------------------------------------------------------------
 

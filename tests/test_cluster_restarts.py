@@ -1,0 +1,110 @@
+"""The faults operators cause every day, after sustained traffic: restarts of a member, a worker, the agent.
+
+Each test first fills the caches (hundreds of messages on many subjects, well past the 4 KB that
+a peer may send before it has authenticated), then restarts something, then checks what the
+restarted member can actually do (its subscribers receive, its publishers are answered, its
+snapshots are current), not only what its ``/health`` says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from migratory.bench.cluster import LocalCluster
+from migratory.client import MigratoryClient
+from migratory.protocol import Status
+
+pytestmark = pytest.mark.slow
+
+SUBJECTS = [f"/traffic/s{i}" for i in range(40)]
+PAYLOAD = b"x" * 120
+
+
+def run(coro: object, timeout: float = 240) -> object:
+    return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
+
+
+async def _traffic(url: str, rounds: int, guaranteed: bool, tag: str) -> None:
+    """``rounds`` messages on every subject (120 bytes each: 40 subjects x 60 rounds is 7 KB a subject)."""
+    async with MigratoryClient([url]) as publisher:
+        for r in range(rounds):
+            results = await asyncio.gather(
+                *(
+                    publisher.publish(s, PAYLOAD + f"{tag}{r}".encode(), guaranteed=guaranteed, retries=3)
+                    for s in SUBJECTS
+                )
+            )
+            assert all(st in (Status.OK, Status.NO_SUBSCRIBER) for st in results), results
+
+
+async def _serves(cluster: LocalCluster, index: int, other: int, guaranteed: bool) -> None:
+    """Member ``index`` delivers what is published on ``other`` and has its own publications answered."""
+    async with MigratoryClient([cluster[index].ws_url]) as subscriber:
+        await subscriber.subscribe(SUBJECTS[:3])
+        deadline = time.monotonic() + 10
+        async with MigratoryClient([cluster[other].ws_url]) as publisher:
+            for n in range(3):
+                status = await publisher.publish(SUBJECTS[0], f"after-{n}".encode(), guaranteed=guaranteed)
+                if status is Status.OK:
+                    break
+                assert status is Status.NO_SUBSCRIBER and time.monotonic() < deadline  # interest on its way
+                await asyncio.sleep(0.5)
+            got = [await subscriber.next_message(10)]
+            while got[-1].content != f"after-{n}".encode():
+                got.append(await subscriber.next_message(10))
+        async with MigratoryClient([cluster[index].ws_url]) as own:
+            assert await own.publish(SUBJECTS[1], b"from-restarted", guaranteed=guaranteed) is Status.OK
+        while (await subscriber.next_message(10)).content != b"from-restarted":
+            pass
+
+
+def _no_refusals(cluster: LocalCluster, index: int) -> None:
+    text = cluster.server_log(index)
+    assert "refused a peer" not in text and "bus frame of" not in text, text[-3000:]
+
+
+def _snapshot_current(cluster: LocalCluster, index: int, tag: str) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        snapshot = cluster.snapshot(index, SUBJECTS[-1])
+        if snapshot is not None and snapshot["content"].endswith(tag):
+            return
+        assert time.monotonic() < deadline, snapshot
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("mode", ["Guaranteed", "Standard"])
+def test_a_member_killed_after_traffic_restarts_linked_to_its_own_workers(tmp_path: Path, mode: str) -> None:
+    guaranteed = mode == "Guaranteed"
+    with LocalCluster(tmp_path, 3, mode=mode, workers=2) as cluster:
+        cluster.start_all()
+        run(_traffic(cluster[0].ws_url, 60, guaranteed, "a"))
+        cluster.kill(1)
+        run(_traffic(cluster[0].ws_url, 5, guaranteed, "b"))
+        cluster.start(1)
+        cluster.wait_ready([1], 30)
+        run(_serves(cluster, 1, 2, guaranteed))
+        _snapshot_current(cluster, 1, "b4")
+        _no_refusals(cluster, 1)
+
+
+def test_a_worker_and_the_agent_killed_after_traffic_come_back_linked(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, 3, mode="Guaranteed", workers=2) as cluster:
+        cluster.start_all()
+        run(_traffic(cluster[0].ws_url, 60, True, "a"))
+        for name in ("migratory-w0", "migratory-agent"):
+            pid = cluster.processes(2)[name]
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while cluster.processes(2).get(name) in (None, pid):
+                assert time.monotonic() < deadline, f"{name} was not restarted"
+                time.sleep(0.1)
+            cluster.wait_ready([2], 30)
+            run(_serves(cluster, 2, 0, True))
+        _no_refusals(cluster, 2)
