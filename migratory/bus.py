@@ -381,7 +381,7 @@ def _encode_body(frame: BusFrame) -> bytes:
         state = frame.state
         snap = state.snapshot
         parts = [
-            _head(Kind.SYNC, (snap is not None) | frame.more << 1),
+            _head(Kind.SYNC, (snap is not None) | frame.more << 1 | bool(state.ids) << 2),
             _s(state.subject),
             _Q.pack(state.epoch),
             _Q.pack(state.seq),
@@ -391,6 +391,9 @@ def _encode_body(frame: BusFrame) -> bytes:
             parts += [_Q.pack(snap.seq), _Q.pack(snap.epoch), _map(snap.fields), _b(snap.content)]
         parts.append(_U32.pack(len(state.entries)))
         parts.extend(_entry(entry) for entry in state.entries)
+        if state.ids:
+            parts.append(_U32.pack(len(state.ids)))
+            parts.extend(_s(pid) + _Q.pack(epoch) + _Q.pack(seq) for pid, epoch, seq in state.ids)
         return b"".join(parts)
     if isinstance(frame, Hello):
         return _head(Kind.HELLO) + _Q.pack(frame.worker) + _b(frame.proof)
@@ -576,7 +579,10 @@ def decode(body: bytes) -> BusFrame:
             snap_fields = c.mapping()
             snapshot = Snapshot(subject, c.raw(), snap_fields, snap_seq, snap_epoch)
         entries = tuple(c.entry() for _ in range(c.count(29)))
-        frame = SyncSubject(SubjectSync(subject, epoch, seq, snapshot, entries), bool(flag & 2), fence)
+        ids: tuple[tuple[str, int, int], ...] = ()
+        if flag & 4:
+            ids = tuple((c.text(), c.u64(), c.u64()) for _ in range(c.count(20)))
+        frame = SyncSubject(SubjectSync(subject, epoch, seq, snapshot, entries, ids), bool(flag & 2), fence)
     elif kind == Kind.HELLO:
         worker = c.u64()
         frame = Hello(worker, c.raw())
@@ -635,6 +641,9 @@ def sync_frames(state: SubjectSync, fence: int = 0) -> Iterable[SyncSubject]:
     if not entries:
         yield SyncSubject(state, False, fence)
         return
+    if len(entries) * 64 + sum(len(e.content) for e in entries) < SYNC_CHUNK_BYTES:
+        yield SyncSubject(state, False, fence)
+        return
     start, size = 0, 0
     for i, entry in enumerate(entries):
         size += len(entry.content) + 64
@@ -643,7 +652,9 @@ def sync_frames(state: SubjectSync, fence: int = 0) -> Iterable[SyncSubject]:
                 SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start : i + 1]), True, fence
             )
             start, size = i + 1, 0
-    yield SyncSubject(SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start:]), False, fence)
+    yield SyncSubject(
+        SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start:], state.ids), False, fence
+    )
 
 
 class BusDecoder:

@@ -98,6 +98,7 @@ class _Peer:
     ready: bool = False
     leader: bool = False
     table_version: int = 0
+    sees: tuple[int, ...] = ()  # the members this peer sees serving (from its heartbeats)
     their_sent: int = 0
     their_sent_at: float = 0.0
     rtt_ms: float = -1.0
@@ -140,16 +141,19 @@ class Member:
         self.me = settings.index
         self.n = settings.size
         self.wire = wire
-        self.replica = Replica(settings.cache_size if settings.guaranteed else 0, settings.cache_ttl)
+        self.replica = self._new_replica()
         self.epochs = [0] * GROUPS
         self.active = [False] * GROUPS
         self.peers: dict[int, _Peer] = {}
         self.workers: set[int] = set()
-        self.ready = False
+        self.ready = False  # holds the cluster's state (joined)
+        self.serving = False  # ready and linked to every member the others see: what heartbeats advertise
+        self.links_problem: Callable[[], str] = str  # the agent's word on its worker links ("" when all are up)
         self.started = now
         self.table = Table()
         self.leader = False  # this member is the seed members' leader (set by the consensus adapter)
         self.leader_quorum = False
+        self.term = 0  # the seed members' Raft term, as this seed's consensus knows it (0 elsewhere)
         self.last_leader_heartbeat = -1e9
         self._leader_fresh = False
         self._next_request = 0
@@ -170,6 +174,7 @@ class Member:
         self._last_beat = -1e9
         self._last_tick: float | None = None
         self._last_grace = -1e9
+        self._pause_seen: float | None = None
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "replicated_in",
@@ -187,12 +192,18 @@ class Member:
                 "claims",
                 "acks_in",
                 "publish_failed",
+                "resumed",
             ),
             0,
         )
         self.status: Callable[[], Mapping[str, Any]] = dict
 
     # --- helpers ----------------------------------------------------------------------
+
+    def _new_replica(self) -> Replica:
+        """The cache in Guaranteed mode; in both modes the publish ids numbered in the last CacheExpireTime."""
+        s = self.s
+        return Replica(s.cache_size if s.guaranteed else 0, s.cache_ttl, id_window=s.cache_ttl)
 
     def _request(self) -> int:
         self._next_request += 1
@@ -211,6 +222,24 @@ class Member:
     def _ready_peers(self) -> list[int]:
         return [j for j, peer in self.peers.items() if peer.ready]
 
+    def missing(self) -> list[int]:
+        """Members that a linked peer sees serving but that this member is not linked to (or not heard
+        ready from) yet: until there are none, this member may not coordinate anything, or it would
+        number a group beside a coordinator it cannot see (a rejoin's classic split)."""
+        wanted = {j for peer in self.peers.values() for j in peer.sees} - {self.me}
+        return sorted(j for j in wanted if j not in self.peers or not self.peers[j].ready)
+
+    def _check_serving(self, now: float) -> None:
+        """Start serving (advertise ready, take groups) once the state is held and the view is complete."""
+        if self.serving or not self.ready or self.missing():
+            return
+        self.serving = True
+        for member in self.peers:
+            self._beat(member, now)
+        self.wire.to_workers(self.info())
+        if not self.s.guaranteed:
+            self._rebalance(now)
+
     def _subjects_of(self, groups: Iterable[int]) -> list[str]:
         wanted = set(groups)
         return [s for s in self.replica.subjects() if group_of(s) in wanted]
@@ -224,8 +253,27 @@ class Member:
 
     # --- links ------------------------------------------------------------------------
 
+    def _awake(self, now: float) -> None:
+        """Called before anything else is acted upon: a member that did not run for longer than the
+        heartbeat timeout (SIGSTOP, a frozen VM) has been given up by the others, who moved its groups
+        on. Whatever waited in its sockets must not be numbered under its old epochs: in Standard mode
+        it rejoins as a restarted member would; in Guaranteed mode its leader's word is stale, so it
+        has no quorum until the leader is heard again."""
+        last = self._last_tick
+        if last is None or now - last <= self.s.heartbeat_timeout or last == self._pause_seen:
+            return
+        self._pause_seen = last  # acted upon once; tick() still grants the peers their grace
+        if self.s.guaranteed:
+            if self._leader_fresh and now - self.last_leader_heartbeat > self.s.heartbeat_timeout:
+                self._leader_fresh = False
+        elif self.ready:
+            self.counters["resumed"] += 1
+            self.started = now  # a full heartbeat timeout to find the others before starting alone
+            self._dropped(now)
+
     def peer_up(self, member: int, incarnation: int, now: float) -> None:
         """An authenticated link to ``member`` came up (a new process of it if ``incarnation`` changed)."""
+        self._awake(now)
         self.peers[member] = _Peer(member, incarnation, now)
         self.counters["link_up"] += 1
         for subject, total in self._totals.items():
@@ -250,6 +298,7 @@ class Member:
         self._send_state(lambda f: self.wire.to_peer(member, f), self._subjects_of(groups))
 
     def peer_down(self, member: int, now: float) -> None:
+        self._awake(now)
         if self.peers.pop(member, None) is None:
             return
         self.counters["link_down"] += 1
@@ -290,6 +339,7 @@ class Member:
     # --- frames from peers ----------------------------------------------------------------
 
     def on_peer_frame(self, member: int, frame: BusFrame, now: float) -> None:
+        self._awake(now)
         peer = self.peers.get(member)
         if peer is None:
             return
@@ -330,12 +380,14 @@ class Member:
     def _heartbeat(self, peer: _Peer, beat: Heartbeat, now: float) -> None:
         was_ready = peer.ready
         peer.ready, peer.leader, peer.table_version = beat.ready, beat.leader, beat.table_version
+        peer.sees = ()
         peer.their_sent, peer.their_sent_at = beat.sent, now
         if beat.echo:
             peer.rtt_ms = max(0.0, now * 1e6 - beat.echo - beat.held) / 1000
         if beat.status:
             try:
                 peer.status = dict(json.loads(beat.status))
+                peer.sees = tuple(int(j) for j in peer.status.pop("sees", ()) if 0 <= int(j) < self.n)
             except (ValueError, TypeError):
                 peer.status = {}
         if beat.leader and beat.quorum:
@@ -347,6 +399,7 @@ class Member:
             self.wire.to_peer(peer.index, SyncRequest(request, (), everything=True))
         if peer.ready != was_ready and not self.s.guaranteed:
             self._rebalance(now)
+        self._check_serving(now)
 
     def _replicated(self, member: int, frame: Published, now: float) -> None:
         group = group_of(frame.subject)
@@ -397,7 +450,9 @@ class Member:
             return
         earlier = self._partial.pop(key, None)
         if earlier:
-            state = SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, (*earlier, *state.entries))
+            state = SubjectSync(
+                state.subject, state.epoch, state.seq, state.snapshot, (*earlier, *state.entries), state.ids
+            )
         self._merge(state, now)
 
     def _stale_sender(self, member: int, frame: SyncSubject) -> bool:
@@ -518,7 +573,7 @@ class Member:
 
     def _rebalance(self, now: float) -> None:
         """Standard mode: claim the groups this member should coordinate among those it sees."""
-        if self.s.guaranteed or not self.ready:
+        if self.s.guaranteed or not self.serving:
             return
         view = [self.me, *self._ready_peers()]
         top = max(max(self.epochs), self.s.epoch_floor)
@@ -571,8 +626,8 @@ class Member:
 
     def _dropped(self, now: float) -> None:
         """The table no longer lists us (we were cut off or hung): forget our state and rejoin."""
-        self.ready = False
-        self.replica = Replica(self.replica.cache_size, self.replica.cache_ttl)
+        self.ready = self.serving = False
+        self.replica = self._new_replica()
         self._unacked_ids.clear()
         self._handover.clear()
         self._expect_admission = True  # the leader will take us back in once we are ready again
@@ -601,12 +656,12 @@ class Member:
             }
             if claimed and self.me in self.table.members:
                 self._claim(claimed, self.table.members, now)
-        else:
-            self._rebalance(now)
+        self._check_serving(now)
 
     # --- publications -----------------------------------------------------------------
 
     def on_worker_frame(self, worker: int, frame: BusFrame, now: float) -> None:
+        self._awake(now)
         if isinstance(frame, Forward):
             self._route(_Pending(("worker", worker, frame.request), frame, now + self.s.publish_timeout), now)
         elif isinstance(frame, Interest):
@@ -690,14 +745,13 @@ class Member:
     def _number(self, pending: _Pending, group: int, now: float) -> None:
         frame = pending.frame
         subject = frame.subject
-        if self.s.guaranteed:
-            if not any(m in self.peers for m in self.table.members if m != self.me):
-                self._answer(pending, Status.FAILED, "no other member is reachable to hold a second copy")
-                return
-            known = self._unacked_ids.get(frame.publish_id) or self.replica.find_publish(frame.publish_id)
-            if known is not None:
-                self._duplicate(pending, known)
-                return
+        if self.s.guaranteed and not any(m in self.peers for m in self.table.members if m != self.me):
+            self._answer(pending, Status.FAILED, "no other member is reachable to hold a second copy")
+            return
+        known = self._unacked_ids.get(frame.publish_id) or self.replica.find_publish(frame.publish_id)
+        if known is not None:  # a retry, through any member, of what the cluster numbered already
+            self._duplicate(pending, known)
+            return
         entry = Entry(
             self.epochs[group],
             self.replica.next_seq(subject),
@@ -751,6 +805,7 @@ class Member:
 
     def tick(self, now: float) -> None:
         """Heartbeats, failure detection, time-outs, cache expiry, and starting alone."""
+        self._awake(now)
         if self._interest_dirty:
             self.flush_interest()
         interval = self.s.heartbeat_interval
@@ -816,7 +871,8 @@ class Member:
                         self._answer(waiter, Status.FAILED, "no second member confirmed the message in time")
                     item.waiters = []
         self.replica.expire(now)
-        if self.ready and not self.s.guaranteed:
+        self._check_serving(now)
+        if self.serving and not self.s.guaranteed:
             self._rebalance(now)
 
     def _start_alone(self, now: float) -> None:
@@ -835,10 +891,10 @@ class Member:
         if peer is None:
             return
         held = int((now - peer.their_sent_at) * 1e6) if peer.their_sent else 0
-        status = json.dumps(self.status(), separators=(",", ":")).encode()
+        status = json.dumps({**self.status(), "sees": self._ready_peers()}, separators=(",", ":")).encode()
         beat = Heartbeat(
             self.me,
-            self.ready,
+            self.serving,
             self.leader,
             self.leader_quorum,
             self.table.version,
@@ -853,22 +909,59 @@ class Member:
 
     def live_members(self) -> list[int]:
         """Members this one sees ready (itself included when ready): the leader's proposal."""
-        return sorted(([self.me] if self.ready else []) + self._ready_peers())
+        return sorted(([self.me] if self.serving else []) + self._ready_peers())
+
+    def leader_index(self) -> int:
+        """The seed members' Raft leader as this member knows it (-1: none known)."""
+        if self.leader:
+            return self.me
+        return next((j for j, p in sorted(self.peers.items()) if p.leader), -1)
 
     def coordinated(self) -> list[int]:
         return [g for g in range(GROUPS) if self.active[g]]
 
+    def readiness(self) -> tuple[bool, str]:
+        """Whether the node may take clients, and if not why: the state is held, every member the others
+        see is linked, and every worker is linked to the agent both ways."""
+        if not self.ready:
+            return False, "synchronising with the cluster"
+        if not self.serving:  # latched: once serving, a peer's stale view of a dead member changes nothing
+            missing = self.missing()
+            return False, ("not linked yet to member(s) " + ", ".join(map(str, missing))) if missing else "joining"
+        problem = self.links_problem()
+        if problem:
+            return False, problem
+        return True, ""
+
+    def health(self) -> tuple[bool, str]:
+        """What /health answers: :meth:`readiness`, and in Guaranteed mode a quorum and a place in the table."""
+        ready, reason = self.readiness()
+        if not ready or not self.s.guaranteed:
+            return ready, reason
+        if not self.quorum:
+            return False, "no quorum: a majority of the seed members is not reachable"
+        if self.me not in self.table.members:
+            return False, "not yet admitted to the cluster's table by the seed members"
+        return True, ""
+
     def info(self) -> ClusterInfo:
-        return ClusterInfo(self.ready, json.dumps(self.describe(), separators=(",", ":")).encode())
+        return ClusterInfo(self.readiness()[0], json.dumps(self.describe(), separators=(",", ":")).encode())
 
     def describe(self) -> dict[str, Any]:
         """This member's view of the cluster, for /health, /cluster and `migratory cluster status`."""
+        healthy, reason = self.health()
         return {
             "member": self.me,
             "ready": self.ready,
+            "serving": self.serving,
+            "healthy": healthy,
+            "reason": reason,
+            "missing": self.missing(),
             "mode": "Guaranteed" if self.s.guaranteed else "Standard",
             "quorum": self.quorum,
             "leader": self.leader,
+            "leader_index": self.leader_index(),
+            "term": self.term,
             "table_version": self.table.version,
             "table_members": list(self.table.members),
             "groups": self.coordinated(),

@@ -139,6 +139,21 @@ def _cluster_families(document: Mapping[str, Any]) -> list[Metric]:
             "Guaranteed mode: whether the seed members' majority is reachable (always 1 in Standard mode).",
             value=int(bool(document.get("quorum", True))),
         ),
+        GaugeMetricFamily(
+            "migratory_cluster_healthy",
+            "Whether this member's /health answers 200 (ready, and in Guaranteed mode with quorum and admitted).",
+            value=int(bool(document.get("healthy", document.get("ready")))),
+        ),
+        GaugeMetricFamily(
+            "migratory_cluster_leader",
+            "Guaranteed mode: the member (1-based) this one knows as the seed members' Raft leader, 0 if none.",
+            value=int(document.get("leader", -1)) + 1,
+        ),
+        GaugeMetricFamily(
+            "migratory_cluster_raft_term",
+            "Guaranteed mode, on a seed member: the Raft term of the seed members' consensus.",
+            value=int(document.get("term", 0)),
+        ),
     ]
     groups = GaugeMetricFamily(
         "migratory_cluster_groups_coordinated", "Subject groups each member coordinates.", labels=["member"]
@@ -175,6 +190,8 @@ def _cluster_families(document: Mapping[str, Any]) -> list[Metric]:
         "conflicts": "Guaranteed mode: copies held under another epoch that made this member start over.",
         "acks_in": "Guaranteed mode: acknowledgements of second copies this member received.",
         "publish_failed": "Publications answered FAILED by this member's agent.",
+        "resumed": "Standard mode: times this member resumed after a pause longer than the heartbeat timeout and "
+        "rejoined (its peers had given it up).",
     }
     counters = document.get("counters", {})
     for key, text in names.items():

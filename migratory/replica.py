@@ -17,6 +17,11 @@ rules below are the whole of what "the same" means.
   ``cache_ttl`` seconds, always a contiguous run ending at the position, so a client
   that reconnects with the position of the last message it saw can be sent exactly
   what follows it.
+- **Publish ids** (the member agents' replicas): the ids of the messages numbered
+  recently, each with its position, at most :data:`IDS_PER_SUBJECT` a subject and
+  :data:`MAX_RECENT_IDS` in all, each for at most ``id_window`` seconds, so that a
+  publication retried with the same id through any member is numbered once. They
+  travel with the subject's state, so a new coordinator knows them too.
 - **Merge.** Two replicas that diverged (a member that was cut off, a worker that
   restarted, a coordinator that failed over) exchange :class:`SubjectSync` states.
   The history with the higher ``(seq, epoch)`` wins. When the winner's cache contains
@@ -68,6 +73,7 @@ class SubjectSync:
     seq: int
     snapshot: Snapshot | None
     entries: tuple[Entry, ...] = ()
+    ids: tuple[tuple[str, int, int], ...] = ()  # recent publish ids and their (epoch, seq), oldest first
 
 
 class Applied(enum.Enum):
@@ -106,24 +112,43 @@ class Recovery:
     snapshot: Snapshot | None = None
 
 
+IDS_PER_SUBJECT = 1000
+MAX_RECENT_IDS = 100_000
+
+
 class _State:
-    __slots__ = ("cache", "epoch", "seq", "snapshot")
+    __slots__ = ("cache", "epoch", "ids", "seq", "snapshot")
 
     def __init__(self) -> None:
         self.epoch = 0
         self.seq = 0
         self.snapshot: Snapshot | None = None
         self.cache: deque[tuple[float, Entry]] | None = None
+        self.ids: deque[tuple[float, str, int, int]] | None = None
 
 
 class Replica:
     """Every subject's position, snapshot and (optionally) cache, in one process."""
 
-    __slots__ = ("_cached", "_ids", "_snapshots", "_states", "cache_size", "cache_ttl", "gaps")
+    __slots__ = (
+        "_cached",
+        "_ids",
+        "_recent",
+        "_snapshots",
+        "_states",
+        "_with_ids",
+        "cache_size",
+        "cache_ttl",
+        "gaps",
+        "id_window",
+    )
 
-    def __init__(self, cache_size: int = 0, cache_ttl: float = 0.0) -> None:
+    def __init__(self, cache_size: int = 0, cache_ttl: float = 0.0, id_window: float = 0.0) -> None:
         self.cache_size = cache_size
         self.cache_ttl = cache_ttl
+        self.id_window = id_window  # seconds a numbered publish id is remembered (0: only while cached)
+        self._recent: dict[str, tuple[str, int, int]] = {}  # publish id -> position, oldest first
+        self._with_ids: set[str] = set()
         self._states: dict[str, _State] = {}
         self._cached: set[str] = set()
         self._ids: dict[str, tuple[str, int, int]] = {}
@@ -172,8 +197,10 @@ class Replica:
         return sum(len(self._states[s].cache or ()) for s in self._cached)
 
     def find_publish(self, publish_id: str) -> tuple[str, int, int] | None:
-        """``(subject, epoch, seq)`` of a cached message with this publish id (idempotent retries)."""
-        return self._ids.get(publish_id) if publish_id else None
+        """``(subject, epoch, seq)`` of a recent message with this publish id (idempotent retries)."""
+        if not publish_id:
+            return None
+        return self._ids.get(publish_id) or self._recent.get(publish_id)
 
     def sync(self, subject: str) -> SubjectSync | None:
         """The subject's whole state, to send to another replica."""
@@ -181,7 +208,8 @@ class Replica:
         if state is None:
             return None
         entries = tuple(entry for _, entry in state.cache) if state.cache else ()
-        return SubjectSync(subject, state.epoch, state.seq, state.snapshot, entries)
+        ids = tuple((pid, epoch, seq) for _, pid, epoch, seq in state.ids) if state.ids else ()
+        return SubjectSync(subject, state.epoch, state.seq, state.snapshot, entries, ids)
 
     # --- numbering and live messages -----------------------------------------------------
 
@@ -224,6 +252,29 @@ class Replica:
             cache.append((now, entry))
             if entry.publish_id:
                 self._ids[entry.publish_id] = (subject, entry.epoch, entry.seq)
+        if self.id_window and entry.publish_id:
+            self._remember(subject, state, entry.publish_id, entry.epoch, entry.seq, now)
+
+    def _remember(self, subject: str, state: _State, pid: str, epoch: int, seq: int, now: float) -> None:
+        """Keep a numbered publish id for ``id_window`` seconds (bounded per subject and in all)."""
+        if pid in self._recent:
+            return  # the first numbering is the one that counts
+        ids = state.ids
+        if ids is None:
+            ids = state.ids = deque()
+            self._with_ids.add(subject)
+        if len(ids) >= IDS_PER_SUBJECT:
+            self._unremember(ids.popleft())
+        ids.append((now, pid, epoch, seq))
+        self._recent[pid] = (subject, epoch, seq)
+        if len(self._recent) > MAX_RECENT_IDS:
+            del self._recent[next(iter(self._recent))]  # the oldest; its subject's deque forgets it later
+
+    def _unremember(self, item: tuple[float, str, int, int]) -> None:
+        _, pid, epoch, seq = item
+        known = self._recent.get(pid)
+        if known is not None and known[1:] == (epoch, seq):
+            del self._recent[pid]
 
     def _forget(self, entry: Entry) -> None:
         if entry.publish_id:
@@ -239,7 +290,19 @@ class Replica:
         self._cached.discard(subject)
 
     def expire(self, now: float) -> int:
-        """Drop cached messages older than ``cache_ttl``; returns how many."""
+        """Drop cached messages older than ``cache_ttl`` (and publish ids older than ``id_window``);
+        returns how many messages."""
+        if self.id_window and self._with_ids:
+            horizon = now - self.id_window
+            for subject in list(self._with_ids):
+                state = self._states[subject]
+                ids = state.ids
+                assert ids is not None
+                while ids and ids[0][0] <= horizon:
+                    self._unremember(ids.popleft())
+                if not ids:
+                    state.ids = None
+                    self._with_ids.discard(subject)
         if not self.cache_ttl or not self._cached:
             return 0
         cutoff = now - self.cache_ttl
@@ -262,6 +325,14 @@ class Replica:
         """Fold another replica's state of one subject into ours (see the module docstring)."""
         if sync.seq == 0 and sync.snapshot is None:
             return NOTHING
+        merged = self._merge(sync, now)
+        if self.id_window and sync.ids:
+            state = self._states[sync.subject]
+            for pid, epoch, seq in sync.ids:
+                self._remember(sync.subject, state, pid, epoch, seq, now)
+        return merged
+
+    def _merge(self, sync: SubjectSync, now: float) -> Merged:
         subject = sync.subject
         state = self._states.get(subject)
         if state is None:

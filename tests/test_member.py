@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -402,3 +403,82 @@ def test_the_cluster_counters_reach_the_metrics() -> None:
     for name, value in document["counters"].items():
         assert f"migratory_cluster_{name}_total {float(value)}" in text, name
     assert "migratory_cluster_paused_total 1.0" in text
+
+
+def test_a_rejoining_standard_member_takes_no_group_until_linked_to_every_live_member() -> None:
+    """The fault checker's split: member 2 came back linked to member 0 only, coordinated member 1's
+    groups beside it, and member 1's subscribers skipped messages without a resync."""
+    net = started(3)
+    subjects = [f"/rejoin/{i}" for i in range(32)]
+    for subject in subjects:
+        net.publish(0, subject, b"before")
+    net.run()
+    net.kill(2)
+    net.run(4)
+    net.cut.add(frozenset((1, 2)))  # it reaches member 0 first; member 1's link is not up yet
+    net.start(2)
+    net.run(4)
+    late = net.members[2]
+    assert late.ready and not late.serving and late.missing() == [1]
+    assert late.coordinated() == [] and not net.workers[2].ready  # no group, and no clients
+    ok, reason = late.health()
+    assert not ok and "member(s) 1" in reason
+    assert set(owners(net).values()) == {0, 1}  # one coordinator per group: the two live members
+    for subject in subjects:
+        net.publish(1, subject, b"during")
+    net.run(1)
+    net.heal()
+    net.run(4)
+    assert late.serving and net.workers[2].ready and late.health() == (True, "")
+    assert 2 in owners(net).values()
+    for subject in subjects:
+        net.publish(2, subject, b"after")
+    net.run()
+    for subject in subjects:
+        positions = {net.workers[i].replica.position(subject) for i in range(3)}
+        assert len(positions) == 1, (subject, positions)
+        histories = [[c for _, _, c in net.workers[i].delivered.get(subject, [])] for i in (0, 1)]
+        assert histories[0] == histories[1] == [b"before", b"during", b"after"], histories
+
+
+@pytest.mark.parametrize("guaranteed", [False, True], ids=["Standard", "Guaranteed"])
+def test_a_publish_id_is_numbered_once_through_a_change_of_coordinator(guaranteed: bool) -> None:
+    """A publisher whose connection dropped before the answer retries with the same id on another
+    member, after the coordinator died: the new coordinator knows the id from the replicated state."""
+    net = started(3, guaranteed)
+    subject = next(f"/once/{i}" for i in range(1000) if owners(net)[group_of(f"/once/{i}")] == 2)
+    net.publish(0, subject, b"first", publish_id="order-7")
+    net.run(1)
+    assert {net.workers[i].replica.position(subject)[1] for i in range(3)} == {1}
+    net.kill(2)
+    net.run(5)
+    assert owners(net)[group_of(subject)] in (0, 1)
+    request = net.publish(1, subject, b"first", publish_id="order-7")  # the retry, through another member
+    net.run(2)
+    answer = net.answers[(1, request)]
+    assert (Status(answer.status), answer.seq) in ((Status.OK, 1), (Status.NO_SUBSCRIBER, 1))
+    net.publish(0, subject, b"second")
+    net.run(2)
+    for i in (0, 1):
+        assert [c for _, _, c in net.workers[i].delivered[subject]] == [b"first", b"second"]
+    net.start(2)  # a member that joins later learns the id with the state, and may coordinate it
+    net.run(6)
+    assert net.members[2].replica.find_publish("order-7") is not None
+
+
+def test_publish_ids_travel_with_a_subjects_state_and_expire() -> None:
+    from migratory.replica import Replica
+
+    source = Replica(0, 0.0, id_window=60.0)
+    for n in range(1, 4):
+        source.apply("/ids", Entry(1, n, b"x", {}, True, f"id-{n}"), now=float(n))
+    state = source.sync("/ids")
+    assert state is not None and [pid for pid, _, _ in state.ids] == ["id-1", "id-2", "id-3"]
+    frame = b.decode(b.encode(b.SyncSubject(state))[4:])
+    assert isinstance(frame, b.SyncSubject) and frame.state.ids == state.ids
+    target = Replica(0, 0.0, id_window=60.0)
+    target.merge(frame.state, now=10.0)
+    assert target.find_publish("id-2") == ("/ids", 1, 2)
+    source.expire(62.5)  # id-1 and id-2 were numbered more than 60 s ago
+    assert source.find_publish("id-1") is None and source.find_publish("id-3") == ("/ids", 1, 3)
+    assert Replica(0, 0.0).sync is not None and not Replica(0, 0.0).find_publish("id-1")

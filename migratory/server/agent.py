@@ -35,6 +35,7 @@ __all__ = ["serve_agent"]
 log = logging.getLogger("migratory.cluster")
 
 INFO_INTERVAL = 1.0
+UNHEALTHY_WARNING = 30.0  # s a member may stay unready (joining, linking, no quorum) before it says so
 
 
 def _floor_path(config: Config) -> Path:
@@ -78,6 +79,42 @@ class _Wire:
 
     def drop_peer(self, member: int, reason: str) -> None:
         self.links.drop(member, reason)
+
+
+class _Watch:
+    """Logs what an operator must know: quorum lost and regained, and a node that stays unready."""
+
+    def __init__(self, now: float) -> None:
+        self.quorum: bool | None = None
+        self.ready: bool | None = None
+        self.healthy: tuple[bool, str] = (False, "starting")
+        self.since = now
+        self.warned = -1e9
+
+    def step(self, machine: Member, now: float) -> bool:
+        """True when the node's readiness or health changed since the last step."""
+        if machine.s.guaranteed and machine.quorum != self.quorum:
+            if self.quorum is not None or machine.quorum:
+                if machine.quorum:
+                    log.info("member %d: quorum regained (leader: %s)", machine.me, machine.leader_index())
+                else:
+                    log.warning("member %d: quorum lost (no majority of the seed members reachable)", machine.me)
+            self.quorum = machine.quorum
+        ready = machine.readiness()[0]
+        healthy = machine.health()
+        changed = healthy != self.healthy or ready != self.ready
+        self.ready = ready
+        if healthy[0] != self.healthy[0]:
+            self.since = now
+            if healthy[0]:
+                log.info("member %d healthy: /health answers 200", machine.me)
+        self.healthy = healthy
+        if not healthy[0] and now - self.since >= UNHEALTHY_WARNING and now - self.warned >= 60.0:
+            self.warned = now
+            log.warning(
+                "member %d not ready for %.0f s: %s (/health answers 503)", machine.me, now - self.since, healthy[1]
+            )
+        return changed
 
 
 async def serve_agent(
@@ -156,6 +193,12 @@ async def serve_agent(
         }
 
     machine.status = status
+
+    def links_problem() -> str:
+        unlinked = [w for w in range(workers) if not bus.linked(w)]
+        return ("worker(s) " + ", ".join(map(str, unlinked)) + " not linked to the member agent") if unlinked else ""
+
+    machine.links_problem = links_problem
     consensus = None
     if guaranteed and config.member_index < config.seed_count:
         from migratory.server.consensus import SeedConsensus
@@ -173,6 +216,7 @@ async def serve_agent(
     tick = min(0.1, settings.heartbeat_interval / 2)
     last_info = 0.0
     was_ready = False
+    watch = _Watch(loop.time())
     try:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -188,6 +232,8 @@ async def serve_agent(
             if machine.ready != was_ready:
                 was_ready = machine.ready
                 log.info("member %d %s", config.member_index, "ready" if was_ready else "synchronising")
+            if watch.step(machine, now):
+                last_info = 0.0  # the node's readiness changed: tell the workers now
             if now - last_info >= INFO_INTERVAL:
                 last_info = now
                 bus.broadcast(machine.info())

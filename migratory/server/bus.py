@@ -301,6 +301,10 @@ class Bus:
                 peer.writer.transport.write(b"".join(peer.pending))
             peer.pending.clear()
 
+    def linked(self, worker: int) -> bool:
+        """Linked to ``worker`` both ways: our link to it is up and its link to us said Hello."""
+        return self.is_up(worker) and worker in self._inbound
+
     def is_up(self, worker: int) -> bool:
         peer = self.peers.get(worker)
         return peer is not None and peer.up

@@ -104,6 +104,7 @@ RESERVED_PREFIX = "/migratory/"
 INTERNAL = Origin("127.0.0.1", 0, "server", "internal")
 CUSTOM_ENTITLEMENT_TIMEOUT = 5.0
 FORWARD_TIMEOUT = 8.0  # the member agent answers within 6 s, the client library waits 10 s
+AGENT_SILENCE = 3.5  # s without the agent's ClusterInfo (sent every second) before a member worker stops taking clients
 
 
 def _origin_fields(origin: Origin) -> dict[str, str]:
@@ -191,7 +192,8 @@ class Engine:
         self.epoch = epoch
         self.cluster = config.clustered
         self.agent = workers  # the member agent's index on the bus, in a cluster
-        self.ready = not self.cluster  # a member serves once its agent has synchronised with the cluster
+        self._agent_ready = False  # what the agent last said of the node (ClusterInfo)
+        self._agent_said = -1e9  # when (loop time)
         self.cluster_info: dict[str, Any] = {}
         guaranteed = config.cluster_delivery_mode.value == "Guaranteed" and self.cluster
         self.replica = Replica(
@@ -693,7 +695,8 @@ class Engine:
         elif isinstance(frame, Relay):
             self.stream_input(frame.stream, frame.payload)
         elif isinstance(frame, ClusterInfo):
-            self.ready = frame.ready
+            self._agent_ready = frame.ready
+            self._agent_said = self.loop.time()
             try:
                 self.cluster_info = dict(json.loads(frame.document))
             except (ValueError, TypeError):
@@ -734,7 +737,7 @@ class Engine:
 
     def on_link_down(self, peer: int) -> None:
         if self.cluster and peer == self.agent:
-            self.ready = False  # no cluster behind us until the agent is back and synchronised
+            self._agent_ready = False  # no cluster behind us until the agent is back and synchronised
 
     def _interest_changed(self, subject: str) -> None:
         """Subscriber counts go to the peers once per loop turn, whatever the number of (un)subscriptions."""
@@ -902,11 +905,39 @@ class Engine:
         self.stats.subjects = self.replica.subject_count()
         self.stats.snapshots = len(self.replica)
 
+    @property
+    def ready(self) -> bool:
+        """Whether this worker takes clients: alone, always; in a member, while the agent says the node is
+        ready (state held, members linked, every worker linked), recently, and we are linked to it both ways."""
+        if not self.cluster:
+            return True
+        return (
+            self._agent_ready
+            and self.loop.time() - self._agent_said <= AGENT_SILENCE
+            and self.bus is not None
+            and self.bus.linked(self.agent)
+        )
+
+    @property
+    def healthy(self) -> bool:
+        """What /health answers: :attr:`ready`, and in Guaranteed mode a quorum and a place in the table."""
+        return self.ready and (not self.cluster or bool(self.cluster_info.get("healthy", True)))
+
+    def not_ready_reason(self) -> str:
+        if self.ready:
+            return "" if self.healthy else str(self.cluster_info.get("reason", ""))
+        if self.bus is None or not self.bus.linked(self.agent):
+            return "this worker is not linked to the member agent"
+        if self.loop.time() - self._agent_said > AGENT_SILENCE:
+            return f"no word from the member agent for over {AGENT_SILENCE:.1f} s"
+        return str(self.cluster_info.get("reason") or "synchronising with the cluster")
+
     def health(self) -> Mapping[str, Any]:
         self.count_replica()  # the monitor's copy is up to a second old; a probe right after a sync must see it
+        healthy = self.healthy
         document: dict[str, Any] = {
-            "status": "ok" if self.ready else "syncing",
-            "ready": self.ready,
+            "status": "ok" if healthy else "syncing",
+            "ready": healthy,
             "epoch": self.epoch,
             "worker": self.worker,
             "pid": os.getpid(),
@@ -915,4 +946,6 @@ class Engine:
         }
         if self.cluster:
             document["cluster"] = self.cluster_info
+            if not healthy:
+                document["reason"] = self.not_ready_reason()
         return document

@@ -54,8 +54,8 @@ def handle(engine: Engine, conn: Connection, request: Request, body: bytes, resp
     if path == "/health":
         respond(
             request,
-            200 if engine.ready else 503,
-            json_response(200 if engine.ready else 503, engine.health(), keep_alive=keep),
+            200 if engine.healthy else 503,
+            json_response(200 if engine.healthy else 503, engine.health(), keep_alive=keep),
         )
         return
     if not engine.ready and path in ("/publish", "/snapshot"):

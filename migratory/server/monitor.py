@@ -356,6 +356,10 @@ def cluster_document(engine: Engine) -> dict[str, Any]:
         "mode": config.cluster_delivery_mode.value,
         "ready": bool(info.get("ready")),
         "quorum": bool(info.get("quorum", True)),
+        "healthy": bool(info.get("healthy", info.get("ready"))),
+        "reason": str(info.get("reason", "")),
+        "leader": info.get("leader_index", -1),
+        "term": info.get("term", 0),
         "table_version": info.get("table_version", 0),
         "counters": info.get("counters", {}),
         "members": rows,
@@ -434,7 +438,7 @@ class MonitorConnection(asyncio.Protocol):
         elif path == "/metrics":
             self._send(response(200, self.monitor.metrics(), metrics.CONTENT_TYPE, keep_alive=False))
         elif path == "/health":
-            code = 200 if self.monitor.engine.ready else 503
+            code = 200 if self.monitor.engine.healthy else 503
             self._send(json_response(code, self.monitor.engine.health(), keep_alive=False))
         elif path == "/dashboard":
             self._send(dashboard(self.monitor.engine.config))
