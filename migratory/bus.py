@@ -220,6 +220,7 @@ class TableFrame:
     members: tuple[int, ...]
     epochs: tuple[int, ...]
     admitted: tuple[int, ...] = ()
+    incarnations: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,8 +418,9 @@ def _encode_body(frame: BusFrame) -> bytes:
             )
         )
     if isinstance(frame, TableFrame):
-        head = _head(Kind.TABLE) + _Q.pack(frame.version)
-        return head + _ints(frame.members) + _ints(frame.epochs) + _ints(frame.admitted)
+        head = _head(Kind.TABLE, bool(frame.incarnations)) + _Q.pack(frame.version)
+        body = head + _ints(frame.members) + _ints(frame.epochs) + _ints(frame.admitted)
+        return body + _ints(frame.incarnations) if frame.incarnations else body
     if isinstance(frame, SyncRequest):
         flags = frame.everything | frame.reply << 1
         return _head(Kind.SYNC_REQUEST, flags) + _Q.pack(frame.request) + _pairs(frame.fence)
@@ -608,7 +610,8 @@ def decode(body: bytes) -> BusFrame:
         version = c.u64()
         members = c.ints()
         epochs = c.ints()
-        frame = TableFrame(version, members, epochs, c.ints())
+        admitted = c.ints()
+        frame = TableFrame(version, members, epochs, admitted, c.ints() if flag & 1 else ())
     elif kind == Kind.SYNC_REQUEST:
         request = c.u64()
         frame = SyncRequest(request, c.pairs(), bool(flag & 1), bool(flag & 2))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["GROUPS", "Table", "assign", "epoch_for", "group_of", "owner_of", "rendezvous"]
@@ -70,6 +70,13 @@ class Table:
     members: tuple[int, ...] = ()
     epochs: tuple[int, ...] = (0,) * GROUPS
     admitted: tuple[int, ...] = ()  # per member (same order): the version that last added it
+    incarnations: tuple[int, ...] = ()  # per member (same order): the agent process the table admitted
+
+    def incarnation_of(self, member: int) -> int | None:
+        """The incarnation (agent process) of ``member`` this table admitted; None without a record."""
+        if member not in self.members or len(self.incarnations) != len(self.members):
+            return None
+        return self.incarnations[self.members.index(member)]
 
     def owner(self, group: int, size: int) -> int:
         return owner_of(self.epochs[group], size)
@@ -85,23 +92,31 @@ class Table:
         return self.admitted[self.members.index(member)]
 
 
-def assign(table: Table, live: Sequence[int], size: int) -> Table:
+def assign(table: Table, live: Sequence[int], size: int, incarnations: Mapping[int, int] | None = None) -> Table:
     """The next table for ``live`` members: groups whose owner should change get new epochs.
 
     A group keeps its coordinator while that member is live and still the rendezvous
-    choice; otherwise it moves, with an epoch above every epoch in the table.
+    choice; otherwise it moves, with an epoch above every epoch in the table. A member
+    whose agent restarted (``incarnations`` names another process than the table admitted)
+    is admitted anew, and its groups get new epochs: the new process must not be taken for
+    the old one, nor continue numbering under the old one's epochs.
     """
     members = tuple(sorted(set(live)))
     if not members:
         return table
+    known = incarnations or {}
+    restarted = {m for m in members if table.incarnation_of(m) not in (None, known.get(m, table.incarnation_of(m)))}
     top = max(table.epochs)
     epochs = list(table.epochs)
     for group in range(GROUPS):
         wanted = rendezvous(group, members)
-        if owner_of(epochs[group], size) != wanted:
+        if owner_of(epochs[group], size) != wanted or wanted in restarted:
             epochs[group] = epoch_for(wanted, size, top)
-    if members == table.members and tuple(epochs) == table.epochs:
+    kept = tuple(known.get(m, table.incarnation_of(m) or 0) for m in members) if known else table.incarnations
+    if members == table.members and tuple(epochs) == table.epochs and kept == table.incarnations:
         return table
     version = table.version + 1
-    admitted = tuple(table.admitted_at(m) or version if m in table.members else version for m in members)
-    return Table(version, members, tuple(epochs), admitted)
+    admitted = tuple(
+        table.admitted_at(m) or version if m in table.members and m not in restarted else version for m in members
+    )
+    return Table(version, members, tuple(epochs), admitted, kept)

@@ -88,6 +88,7 @@ class MemberSettings:
     heartbeat_timeout: float = 3.0
     publish_timeout: float = 6.0
     epoch_floor: int = 0  # epochs this member issues start above this (its restart counter times size)
+    incarnation: int = 0  # this agent process (random at start): a restarted agent is another member to the table
 
 
 @dataclass(slots=True)
@@ -375,7 +376,8 @@ class Member:
         elif isinstance(frame, SyncDone):
             self._sync_done(member, frame, now)
         elif isinstance(frame, TableFrame):
-            self.set_table(Table(frame.version, frame.members, frame.epochs, frame.admitted), now)
+            table = Table(frame.version, frame.members, frame.epochs, frame.admitted, frame.incarnations)
+            self.set_table(table, now)
 
     def _heartbeat(self, peer: _Peer, beat: Heartbeat, now: float) -> None:
         was_ready = peer.ready
@@ -588,9 +590,20 @@ class Member:
         if wanted:
             self._claim(wanted, view, now)
 
+    def _admits(self, table: Table) -> bool:
+        """Whether ``table`` lists this member as this agent process (not as the one before a restart)."""
+        return self.me in table.members and table.incarnation_of(self.me) in (None, self.s.incarnation)
+
+    def live_incarnations(self) -> dict[int, int]:
+        """The agent process of each member in :meth:`live_members`: the leader's proposal admits those."""
+        live = {j: p.incarnation for j, p in self.peers.items() if p.ready}
+        if self.serving:
+            live[self.me] = self.s.incarnation
+        return live
+
     def _table_frame(self) -> TableFrame:
         table = self.table
-        return TableFrame(table.version, table.members, table.epochs, table.admitted)
+        return TableFrame(table.version, table.members, table.epochs, table.admitted, table.incarnations)
 
     def set_table(self, table: Table, now: float) -> None:
         """Guaranteed mode: adopt a newer table from the seed members' consensus."""
@@ -601,7 +614,7 @@ class Member:
             frame = self._table_frame()
             for member in self.peers:
                 self.wire.to_peer(member, frame)
-        if self.ready and self.me in old.members:
+        if self.ready and self._admits(old):
             if self.me not in table.members:
                 self._dropped(now)
             elif table.admitted_at(self.me) > old.version and not self._expect_admission:
@@ -609,13 +622,13 @@ class Member:
                 # our groups moved on without us, and what we numbered alone must not stay
                 self.counters["readmitted"] += 1
                 self._dropped(now)
-        if self.me in table.members and table.admitted_at(self.me) > old.version:
+        if self._admits(table) and table.admitted_at(self.me) > old.version:
             self._expect_admission = False
         claimed: dict[int, int] = {}
         for group, epoch in enumerate(table.epochs):
             if epoch > self.epochs[group]:
                 self._fence(group, epoch, now)
-                if owner_of(epoch, self.n) == self.me and self.ready and self.me in table.members:
+                if owner_of(epoch, self.n) == self.me and self.ready and self._admits(table):
                     claimed[group] = epoch
         for claim in list(self._claims.values()):
             claim.awaiting &= set(table.members)
@@ -654,7 +667,7 @@ class Member:
             claimed = {
                 g: e for g, e in enumerate(self.table.epochs) if owner_of(e, self.n) == self.me and not self.active[g]
             }
-            if claimed and self.me in self.table.members:
+            if claimed and self._admits(self.table):
                 self._claim(claimed, self.table.members, now)
         self._check_serving(now)
 
@@ -940,7 +953,7 @@ class Member:
             return ready, reason
         if not self.quorum:
             return False, "no quorum: a majority of the seed members is not reachable"
-        if self.me not in self.table.members:
+        if not self._admits(self.table):
             return False, "not yet admitted to the cluster's table by the seed members"
         return True, ""
 

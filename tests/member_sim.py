@@ -72,6 +72,7 @@ class Net:
             heartbeat_interval=0.5,
             heartbeat_timeout=3.0,
             epoch_floor=self.incarnations * self.size,
+            incarnation=1000 + self.incarnations,
         )
         self.incarnations += 1
         member = Member(settings, self.wire(index), self.now)
@@ -88,8 +89,8 @@ class Net:
 
     def _link(self, a: int, c: int) -> None:
         self.links.add(frozenset((a, c)))
-        self.members[a].peer_up(c, 0, self.now)
-        self.members[c].peer_up(a, 0, self.now)
+        self.members[a].peer_up(c, self.members[c].s.incarnation, self.now)
+        self.members[c].peer_up(a, self.members[a].s.incarnation, self.now)
 
     def _unlink(self, a: int, c: int) -> None:
         if frozenset((a, c)) in self.links:
@@ -157,7 +158,7 @@ class Net:
         leader.leader, leader.leader_quorum = True, quorum
         if not quorum:
             return
-        proposal = assign(self.table, leader.live_members(), self.size)
+        proposal = assign(self.table, leader.live_members(), self.size, leader.live_incarnations())
         if proposal.version != self.table.version:
             self.table = proposal
             for s in reachable:

@@ -482,3 +482,34 @@ def test_publish_ids_travel_with_a_subjects_state_and_expire() -> None:
     source.expire(62.5)  # id-1 and id-2 were numbered more than 60 s ago
     assert source.find_publish("id-1") is None and source.find_publish("id-3") == ("/ids", 1, 3)
     assert Replica(0, 0.0).sync is not None and not Replica(0, 0.0).find_publish("id-1")
+
+
+def test_a_restarted_guaranteed_agent_is_healthy_only_once_the_table_admits_this_process() -> None:
+    """The agent restarted before the leader saw it go: the table still listed the member (as the old
+    process). It said ready, then the table that left the old process out dropped it again."""
+    net = started(3, guaranteed=True)
+    subjects = [f"/inc/{i}" for i in range(16)]
+    for subject in subjects:
+        net.publish(0, subject, b"before")
+    net.run(1)
+    before = net.table
+    net.kill(2)
+    net.start(2)  # no consensus step in between: the table lists member 2, as the old process
+    restarted = net.members[2]
+    assert 2 in net.table.members and net.table.incarnation_of(2) != restarted.s.incarnation
+    seen: list[bool] = []
+    for _ in range(60):
+        net.run(0.1)
+        seen.append(restarted.health()[0])
+        if seen[-1]:
+            assert net.table.incarnation_of(2) == restarted.s.incarnation  # never on the old process's place
+    first = seen.index(True)
+    assert all(seen[first:]), seen  # healthy once, and it stayed so (no ready, dropped, ready again)
+    assert restarted.counters["readmitted"] == 0 and restarted.ready
+    mine = [g for g in range(GROUPS) if net.table.owner(g, 3) == 2]
+    assert mine and all(net.table.epochs[g] > before.epochs[g] for g in mine)  # new epochs for the new process
+    for subject in subjects:
+        net.publish(2, subject, b"after")
+    net.run(2)
+    for subject in subjects:
+        assert {net.workers[i].replica.position(subject)[1] for i in range(3)} == {2}

@@ -133,8 +133,10 @@ async def serve_agent(
     guaranteed = config.cluster_delivery_mode is DeliveryMode.GUARANTEED
     size = len(config.cluster_members)
     floor = max(epoch * size, _read_floor(config))
+    incarnation = secrets.randbits(62)  # this agent process: a restart is admitted anew, never taken for the last
     settings = MemberSettings(
         index=config.member_index,
+        incarnation=incarnation,
         size=size,
         guaranteed=guaranteed,
         seeds=config.seed_count,
@@ -161,7 +163,7 @@ async def serve_agent(
     )
     links = MemberLinks(
         config,
-        secrets.randbits(62),
+        incarnation,
         on_up=lambda j, incarnation: member().peer_up(j, incarnation, loop.time()),
         on_down=lambda j: member().peer_down(j, loop.time()),
         on_frame=lambda j, frame: member().on_peer_frame(j, frame, loop.time()),
