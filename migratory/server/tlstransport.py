@@ -43,7 +43,11 @@ So this transport keeps OpenSSL only while it is needed:
   costs one ``AESGCM(key)`` (about 1 us), not the HKDF expansions again.
 * **Anything else** (TLS 1.2, another TLS 1.3 suite, secrets that could not be
   obtained): the ``SSLObject`` stays and carries the records, as the event loop's
-  transport would, without its 256 KB buffer.
+  transport would, without its 256 KB buffer. So does a TLS 1.3 connection whose
+  negotiated state is not one this record layer implements, or cannot be read (fail
+  closed, :meth:`TLSTransport._refusal`): a max_fragment_length (RFC 6066) limit,
+  early data, records OpenSSL holds unread. Each such connection is counted by reason in
+  :data:`fallbacks` and logged (INFO the 1st, 2nd, 4th... time per reason).
 
 **How the secrets are obtained.** OpenSSL hands each traffic secret of a
 handshake to the context's *keylog callback* (``SSL_CTX_set_keylog_callback``,
@@ -62,7 +66,9 @@ False and every connection takes the third path above: correct, just heavier. Th
 ``TLSLeanTransport = false``. The secrets are only ever held by the
 connection they belong to, as OpenSSL would hold them; nothing is written
 anywhere. The callback runs inside ``do_handshake`` on the event loop's thread,
-which names the connection being handshaken (``_Capture.target``).
+which names the connection being handshaken (``_Capture.target``). Its first argument,
+that handshake's ``SSL *``, is kept until the handshake ends: through it libssl tells
+what was negotiated (:meth:`TLSTransport._refusal`), so nothing is taken over on a guess.
 
 The sequence number of the server's first application record is not guessed:
 the records OpenSSL writes in the call that completes the handshake (its
@@ -96,7 +102,7 @@ from migratory.server.rawtransport import RawTransport
 if TYPE_CHECKING:
     from migratory.server._tlsseal import Sealer
 
-__all__ = ["SWEEP_SECONDS", "TLSServer", "TLSTransport", "enable", "prefer_aes128"]
+__all__ = ["SWEEP_SECONDS", "TLSServer", "TLSTransport", "enable", "fallbacks", "prefer_aes128"]
 
 log = logging.getLogger("migratory.server.tls")
 
@@ -111,6 +117,9 @@ KEY_UPDATE_AFTER = 1 << 24
 
 MAX_CIPHERTEXT = (1 << 14) + 256
 MAX_PLAINTEXT = 1 << 14
+MAX_WARNING_ALERTS = 5
+"""Consecutive ``user_canceled`` alerts (TLS 1.3's only warning) that end the connection, as OpenSSL's
+``MAX_WARN_ALERT_COUNT``: the fifth, with no non-empty record between them, gets a fatal ``unexpected_message``."""
 _HEADER = struct.Struct("!BHH")
 _APPLICATION_DATA = 23
 _ALERT = 21
@@ -126,6 +135,9 @@ _DECODE_ERROR = 50
 _ILLEGAL_PARAMETER = 47
 _USER_CANCELED = 90
 
+_TLS1_3_VERSION = 0x0304
+_SSL_EARLY_DATA_NOT_SENT = 0
+
 # transport states
 _HANDSHAKING = 0
 _RECORDS = 1  # TLS 1.3 records by this module
@@ -134,6 +146,25 @@ _CLOSING = 3
 _CLOSED = 4
 
 Aead = AESGCM | ChaCha20Poly1305
+
+fallbacks: dict[str, int] = {}
+"""TLS connections of lean listeners left on OpenSSL's record layer, by reason (see :data:`FALLBACK_REASONS`).
+
+Counted for this process since it started; a listener with ``TLSLeanTransport = false`` (or whose
+context could not be hooked) counts nothing here: all its connections stay with OpenSSL by design.
+"""
+
+FALLBACK_REASONS = {
+    "not_tls13": "not TLS 1.3",
+    "suite": "a TLS 1.3 suite this record layer does not carry",
+    "no_secrets": "its traffic secrets did not reach the keylog hook",
+    "unverified": "what it negotiated could not be read from libssl",
+    "max_fragment_length": "the client negotiated max_fragment_length (RFC 6066)",
+    "early_data": "the client sent early data",
+    "buffered": "OpenSSL holds records of it not yet read",
+    "tickets": "OpenSSL's last flight was not the expected session tickets",
+}
+"""Why a connection stays on OpenSSL's record layer: the keys of :data:`fallbacks`, and what each means."""
 
 
 class _Suite:
@@ -200,10 +231,16 @@ class _Capture:
 _KEYLOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
 
 
-def _on_keylog(_ssl: int | None, line: bytes | None) -> None:
+def _on_keylog(ssl_pointer: int | None, line: bytes | None) -> None:
     target = _Capture.target
     if target is None or not line:
         return
+    # the SSL * this handshake runs on, as OpenSSL names it: its negotiated state is read through it
+    # (TLSTransport._refusal); a second, different pointer in one handshake leaves none to trust
+    if target._sslp is None:
+        target._sslp = ssl_pointer or 0
+    elif target._sslp != ssl_pointer:
+        target._sslp = 0
     label, _, rest = line.partition(b" ")
     if label == b"SERVER_TRAFFIC_SECRET_0":
         target._wsecret = bytes.fromhex(rest.rpartition(b" ")[2].decode("ascii"))
@@ -213,6 +250,35 @@ def _on_keylog(_ssl: int | None, line: bytes | None) -> None:
 
 _callback = _KEYLOG_CALLBACK(_on_keylog)  # kept alive for as long as the process
 _enabled: dict[int, ssl.SSLContext] = {}
+
+_STATE_FUNCTIONS: tuple[tuple[str, Any], ...] = (
+    ("SSL_version", ctypes.c_int),
+    ("SSL_is_server", ctypes.c_int),
+    ("SSL_get_current_cipher", ctypes.c_void_p),
+    ("SSL_CIPHER_get_name", ctypes.c_char_p),
+    ("SSL_get_session", ctypes.c_void_p),
+    ("SSL_SESSION_get_max_fragment_length", ctypes.c_uint8),
+    ("SSL_get_early_data_status", ctypes.c_int),
+    ("SSL_has_pending", ctypes.c_int),
+)
+"""What :meth:`TLSTransport._refusal` asks libssl about a handshake (all in OpenSSL 1.1.1 and 3.x)."""
+_state_lib: list[ctypes.CDLL | None] = []  # resolved once per process
+
+
+def negotiated_state_lib() -> ctypes.CDLL | None:
+    """libssl with :data:`_STATE_FUNCTIONS` declared; None if one is missing (then nothing is taken over)."""
+    if not _state_lib:
+        lib = _libssl()
+        if lib is not None:
+            try:
+                for name, restype in _STATE_FUNCTIONS:
+                    function = getattr(lib, name)
+                    function.restype = restype
+                    function.argtypes = [ctypes.c_void_p]
+            except AttributeError:
+                lib = None
+        _state_lib.append(lib)
+    return _state_lib[0]
 
 
 def _libssl() -> ctypes.CDLL | None:
@@ -329,6 +395,9 @@ def enable(context: ssl.SSLContext) -> bool:
     pointer = ssl_ctx_pointer(context, lib) if lib is not None else None
     if lib is None or pointer is None:
         log.warning("TLS: cannot reach OpenSSL's keylog hook; connections keep OpenSSL's record layer")
+        return False
+    if negotiated_state_lib() is None:
+        log.warning("TLS: cannot read what OpenSSL negotiated (libssl); connections keep OpenSSL's record layer")
         return False
     lib.SSL_CTX_set_keylog_callback(pointer, _callback)
     _enabled[id(context)] = context
@@ -487,6 +556,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         "_c",
         "_dec",
         "_enc",
+        "_hbuf",
         "_held",
         "_hot",
         "_incoming",
@@ -501,10 +571,12 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         "_sealer",
         "_server",
         "_ssl",
+        "_sslp",
         "_state",
         "_suite",
         "_tcp",
         "_timer",
+        "_warnings",
         "_wiv",
         "_wkey",
         "_wsecret",
@@ -535,6 +607,9 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._wkey = b""  # the AEAD keys, kept while idle (the cipher objects are not)
         self._rkey = b""
         self._rbuf = b""
+        self._hbuf = b""  # the start of a handshake message whose end is in a later record (RFC 8446 5.1)
+        self._warnings = 0  # user_canceled alerts since the last non-empty record of another type
+        self._sslp: int | None = None  # OpenSSL's SSL * while handshaking (from the keylog callback), else None
         self._hot = False
         self._held = False
 
@@ -718,7 +793,8 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._timer = None
         self._ssl = self._incoming = self._outgoing = None
         self._enc = self._dec = self._sealer = None
-        self._wkey = self._rkey = self._rbuf = b""
+        self._wkey = self._rkey = self._rbuf = self._hbuf = b""
+        self._sslp = None
         if self._made:
             self._made = False
             self._protocol.connection_lost(exc)
@@ -751,6 +827,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         except ssl.SSLError as exc:
             self._flush_openssl()  # the alert that says why
             log.debug("TLS handshake failed: %s", exc)
+            self._sslp = None
             self._state = _CLOSING
             if self._tcp is not None:
                 self._tcp.close()
@@ -761,7 +838,11 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         final = self._outgoing.read()
-        if self._take_over(sslobj, final):
+        reason = self._refusal(sslobj) if self._server.lean else ""
+        self._sslp = None  # not needed (nor valid) once the SSL object is gone
+        if reason is None and not self._take_over(sslobj, final):
+            reason = "tickets"
+        if reason is None:
             leftover = self._incoming.read() if self._incoming is not None else b""
             self._ssl = self._incoming = self._outgoing = None  # OpenSSL's state goes now
             self._server._freed += 1
@@ -773,6 +854,8 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             if leftover and self._state == _RECORDS:
                 self._records_in(leftover)
             return
+        if reason:
+            self._fell_back(reason)
         self._wsecret = self._rsecret = self._wkey = self._rkey = b""
         self._suite = None
         self._state = _OPENSSL
@@ -782,6 +865,59 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._protocol.connection_made(self)
         if self._state == _OPENSSL:
             self._openssl_in()
+
+    def _refusal(self, sslobj: ssl.SSLObject) -> str | None:
+        """Why this module cannot carry the records of this connection (a key of :data:`fallbacks`); None if it can.
+
+        Fail closed: the connection is taken over only when what OpenSSL negotiated is what this
+        record layer implements, as libssl itself reports it through the ``SSL *`` of the
+        handshake (the one OpenSSL handed to the keylog callback, checked to be a TLS 1.3
+        server's with this very suite): no max_fragment_length (RFC 6066, which would cap every
+        record at 512 to 4096 bytes; OpenSSL implements no record_size_limit of RFC 8449, so
+        that one is never agreed to), no early data, nothing read but not yet consumed. Any of
+        these, or a state that cannot be read, leaves the connection on OpenSSL's record layer.
+        """
+        if sslobj.version() != "TLSv1.3":
+            return "not_tls13"
+        cipher = sslobj.cipher()
+        if not cipher or cipher[0] not in SUITES:
+            return "suite"
+        if not self._wsecret or not self._rsecret:
+            return "no_secrets"
+        lib = negotiated_state_lib()
+        pointer = self._sslp
+        if lib is None or not pointer:
+            return "unverified"
+        if lib.SSL_version(pointer) != _TLS1_3_VERSION or lib.SSL_is_server(pointer) != 1:
+            return "unverified"
+        current = lib.SSL_get_current_cipher(pointer)
+        session = lib.SSL_get_session(pointer)
+        if not current or not session or lib.SSL_CIPHER_get_name(current) != cipher[0].encode("ascii"):
+            return "unverified"
+        if lib.SSL_SESSION_get_max_fragment_length(session) != 0:
+            return "max_fragment_length"
+        if lib.SSL_get_early_data_status(pointer) != _SSL_EARLY_DATA_NOT_SENT:
+            return "early_data"
+        if sslobj.pending() or lib.SSL_has_pending(pointer):
+            return "buffered"
+        return None
+
+    def _fell_back(self, reason: str) -> None:
+        """Count (and log) a connection of a lean listener left on OpenSSL's record layer.
+
+        Logged at INFO the 1st, 2nd, 4th, 8th... time for each reason (a client cannot fill the
+        log by repeating one), at DEBUG otherwise.
+        """
+        count = fallbacks[reason] = fallbacks.get(reason, 0) + 1
+        level = logging.INFO if count & (count - 1) == 0 else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "TLS: connection from %s keeps OpenSSL's record layer: %s (%d so far)",
+                self.get_extra_info("peername"),
+                FALLBACK_REASONS.get(reason, reason),
+                count,
+            )
 
     def _take_over(self, sslobj: ssl.SSLObject, final: bytes) -> bool:
         """Whether this module can carry the records from here (and is set up to)."""
@@ -888,7 +1024,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         if not self._rsecret:  # the peer's close_notify came: whatever follows is ignored (RFC 8446 6.1)
             return
         buf = self._rbuf + data if self._rbuf else data
-        self._rbuf = b""  # what is left is kept only if all went well (not after an alert)
+        self._rbuf = b""  # what is left is kept only if all went well (not after a fatal alert)
         pos = 0
         end = len(buf)
         plain: list[bytes] = []
@@ -927,13 +1063,17 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             if content_type == 0:
                 inner = inner.rstrip(b"\x00")
                 content_type = inner[-1] if inner else 0
+            if self._hbuf and content_type != _HANDSHAKE:
+                # a handshake message split over records has nothing between its parts (RFC 8446 5.1)
+                self._alert(_UNEXPECTED_MESSAGE, plain)
+                return
             if content_type == _APPLICATION_DATA:
                 if len(inner) > 1:
                     plain.append(inner[:-1])
+                    self._warnings = 0
             elif content_type == _ALERT:
-                self._deliver(plain)
-                self._alert_received(inner[:-1])
-                return
+                if not self._alert_received(inner[:-1], plain):
+                    return
             elif content_type == _HANDSHAKE:
                 if not self._post_handshake(inner[:-1], plain):
                     return
@@ -949,11 +1089,35 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         plain.clear()
 
     def _post_handshake(self, content: bytes, plain: list[bytes]) -> bool:
-        """A handshake record after the handshake: only KeyUpdate (alone, at the record's end) is allowed."""
-        if len(content) != 5 or content[0] != _KEY_UPDATE or content[1:4] != b"\x00\x00\x01":
-            self._alert(_UNEXPECTED_MESSAGE if content[:1] != bytes((_KEY_UPDATE,)) else _DECODE_ERROR, plain)
+        """A handshake record after the handshake; False once the connection is done with.
+
+        Only ``KeyUpdate`` may come (this server asks for no post-handshake authentication, and a
+        client sends no ``NewSessionTicket``): any other message type gets ``unexpected_message``
+        as soon as its first byte is read. A message may be split over several records (RFC 8446
+        5.1), so up to the 5 bytes of a ``KeyUpdate`` wait in ``_hbuf`` for the next record; since
+        a key change must end its record, bytes after a ``KeyUpdate`` in the same record get
+        ``unexpected_message`` too. A ``KeyUpdate`` whose length is not 1 gets ``decode_error``,
+        one with a request value other than 0 or 1 ``illegal_parameter``.
+        """
+        if not content:  # handshake records are never empty (RFC 8446 5.1)
+            self._alert(_UNEXPECTED_MESSAGE, plain)
             return False
-        requested = content[4]
+        self._warnings = 0
+        message = self._hbuf + content if self._hbuf else content
+        self._hbuf = b""
+        if message[0] != _KEY_UPDATE:
+            self._alert(_UNEXPECTED_MESSAGE, plain)
+            return False
+        if message[1:4] != b"\x00\x00\x01"[: len(message) - 1]:  # its length, as far as it has come
+            self._alert(_DECODE_ERROR, plain)
+            return False
+        if len(message) < 5:
+            self._hbuf = message  # the rest comes in the next record
+            return True
+        if len(message) > 5:
+            self._alert(_UNEXPECTED_MESSAGE, plain)
+            return False
+        requested = message[4]
         if requested > 1:
             self._alert(_ILLEGAL_PARAMETER, plain)
             return False
@@ -968,19 +1132,35 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
                 self._tcp.write(self._update_write_key(requested=False))
         return self._state == _RECORDS
 
-    def _alert_received(self, content: bytes) -> None:
-        description = content[1] if len(content) == 2 else -1
+    def _alert_received(self, content: bytes, plain: list[bytes]) -> bool:
+        """An alert from the peer; True if the records after it are to be read (``user_canceled``).
+
+        ``user_canceled`` is TLS 1.3's only warning: it is ignored, up to
+        :data:`MAX_WARNING_ALERTS` in a row. An alert that is not exactly 2 bytes gets a fatal
+        ``decode_error``; ``close_notify`` ends the reading; any other alert is fatal (RFC 8446 6.2).
+        """
+        if len(content) != 2:
+            self._alert(_DECODE_ERROR, plain)
+            return False
+        description = content[1]
         if description == _USER_CANCELED:
-            return
+            self._warnings += 1
+            if self._warnings >= MAX_WARNING_ALERTS:
+                log.debug("TLS: too many user_canceled alerts from %s", self.get_extra_info("peername"))
+                self._alert(_UNEXPECTED_MESSAGE, plain)
+                return False
+            return True
+        self._deliver(plain)
         if description == _CLOSE_NOTIFY:
-            self._rsecret = self._rkey = self._rbuf = b""  # nothing more is read on this connection
+            self._rsecret = self._rkey = self._rbuf = self._hbuf = b""  # nothing more is read on this connection
             self._dec = None
             keep_open = self._protocol.eof_received() if self._made and self._state == _RECORDS else None
             if not keep_open:
                 self.close()
-            return
+            return False
         log.debug("TLS alert %d from %s", description, self.get_extra_info("peername"))
         self.abort()
+        return False
 
     def _alert(self, description: int, plain: list[bytes]) -> None:
         """A fatal error in the peer's records: deliver what was good, send the alert, close."""
