@@ -791,6 +791,23 @@ class Config:
             return self.cluster_seed_member_count
         return 3 if len(self.cluster_members) < 5 else 5
 
+    def _consensus_collisions(self) -> list[str]:
+        """A seed's consensus port (its cluster port + 1) that another listed member uses as its cluster port.
+
+        The two listen on the same address: one of them cannot start (the seed, when it binds second).
+        """
+        members = self.cluster_members
+        out: list[str] = []
+        for seed in members[: self.seed_count]:
+            for other in members:
+                if other.port == seed.port + 1 and _same_host(other.host, seed.host):
+                    out.append(
+                        f"ClusterMembers: seed member {seed} needs port {seed.port + 1} too, for the seed members' "
+                        f"consensus (its port + 1), but member {other} listens there: leave a free port after "
+                        "each seed's cluster port"
+                    )
+        return out
+
     def _cluster_problems(self) -> list[str]:
         members = self.cluster_members
         me = self.cluster_member_listen
@@ -816,8 +833,10 @@ class Config:
             )
         if self.cluster_heartbeat_timeout < 2 * self.cluster_heartbeat_interval:
             out.append("ClusterHeartbeatTimeout: must be at least twice ClusterHeartbeatInterval")
+        out.extend(self._consensus_collisions())
         if me is not None:
-            ports = {e.port: str(e) for e in (*self.listen, *self.listen_encrypted, *self.monitor_listen)}
+            listeners = (*self.listen, *self.listen_encrypted, *self.monitor_listen, *self.monitor_listen_encrypted)
+            ports = {e.port: str(e) for e in listeners}
             used = [me.port] + ([me.port + 1] if guaranteed and self.member_index < self.seed_count else [])
             for port in used:
                 if port in ports:
@@ -832,6 +851,16 @@ class Config:
             if not self.cluster_tls_ca:
                 out.append("ClusterTLS: needs ClusterTLSCA, the authority that signed every member's certificate")
         return out
+
+
+def _same_host(a: str, b: str) -> bool:
+    """Whether two member hosts name one address (``::1`` and ``0::1`` do); names are compared as written."""
+    if a == b:
+        return True
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return False
 
 
 def _problem_line(problem: str, seen: Mapping[str, int]) -> int:

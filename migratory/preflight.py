@@ -42,7 +42,17 @@ from migratory.certs import CertError, describe, load_key
 from migratory.config import Config, ConfigError, DeliveryMode, Endpoint, key_specs
 from migratory.entitlement import CustomEntitlement
 
-__all__ = ["Finding", "KeyLines", "Report", "check", "check_file", "check_text"]
+__all__ = [
+    "Finding",
+    "KeyLines",
+    "Report",
+    "check",
+    "check_file",
+    "check_text",
+    "collide",
+    "consensus_endpoint",
+    "listeners",
+]
 
 CAP_NET_BIND_SERVICE = 10
 EXPIRY_WARNING_DAYS = 14
@@ -232,7 +242,8 @@ def check(
     """The checks of the machine for a parsed ``config`` read from ``path``: files, folders, users, ports, exposure.
 
     ``lines`` gives the line numbers (read from ``path`` when not given). ``in_use``: what a port that
-    some process listens on now is: "skip" where the caller binds right after, as the server does.
+    some process listens on now is: "skip" where the caller binds right after, as the server does
+    (except a seed's consensus port, bound later by the member agent: in use, it is an error then).
     ``import_classes``: import EntitlementCustomClass to see that it loads; the server leaves that to
     its workers, so that the user's module is never imported in the process that forks them.
     """
@@ -455,28 +466,11 @@ class _Checker:
     # -- listeners
 
     def endpoints(self) -> list[tuple[str, Endpoint]]:
-        config = self.config
-        monitor_tls: tuple[Endpoint, ...] = getattr(config, "monitor_listen_encrypted", ())
-        found = [("Listen", e) for e in config.listen]
-        found += [("ListenEncrypted", e) for e in config.listen_encrypted]
-        found += [("MonitorHTTP.Listen", e) for e in config.monitor_listen]
-        found += [("MonitorHTTP.ListenEncrypted", e) for e in monitor_tls]
-        if config.cluster_member_listen is not None:
-            found.append(("ClusterMemberListen", config.cluster_member_listen))
-        consensus = self._consensus_endpoint()
-        if consensus is not None:
-            found.append(consensus)
-        return [(k, e) for k, e in found if k not in self.skip]
+        return [(k, e) for k, e in listeners(self.config) if k not in self.skip]
 
     def _consensus_endpoint(self) -> tuple[str, Endpoint] | None:
-        """A Guaranteed seed's consensus (Raft) listener: taken, the seed would wait for it forever."""
-        config = self.config
-        listen = config.cluster_member_listen
-        if listen is None or config.cluster_delivery_mode is not DeliveryMode.GUARANTEED:
-            return None
-        if not 0 <= config.member_index < config.seed_count:
-            return None
-        return ("ClusterMemberListen", Endpoint(listen.host, listen.port + 1))
+        consensus = consensus_endpoint(self.config)
+        return None if consensus is None else ("ClusterMemberListen", consensus)
 
     def ports(self, in_use: InUse) -> None:
         endpoints = self.endpoints()
@@ -484,7 +478,7 @@ class _Checker:
             for other_key, other in endpoints[:index]:
                 if "ClusterMemberListen" in (key_name, other_key):
                     continue  # Config.problems() compares the cluster port with the others
-                if endpoint.port and endpoint.port == other.port and _overlap(endpoint.host, other.host):
+                if collide(endpoint, other):
                     first = str(other) if other_key == key_name else f"{other_key} {other}"
                     self.error(key_name, f"{endpoint} overlaps {first}: one listener per address and port")
         probed: set[Endpoint] = set()
@@ -500,9 +494,12 @@ class _Checker:
                 self.error(key_name, f"cannot listen on {endpoint}: {detail}: {_privileged_hint(endpoint.port)}")
             elif code == errno.EADDRINUSE:
                 what = f"port {endpoint.port} of {endpoint.host} is in use now"
-                if (key_name, endpoint) == self._consensus_endpoint():
+                consensus = (key_name, endpoint) == self._consensus_endpoint()
+                if consensus:
                     what += " (the seed members' consensus port: ClusterMemberListen's port + 1)"
-                if in_use == "error":
+                if in_use == "error" or (consensus and in_use == "skip"):
+                    # "skip": the server binds its listeners right after and says so; the consensus port
+                    # is bound later, by the member agent, so the start refuses it here
                     self.error(key_name, what)
                 elif in_use == "warning":
                     self.warn(key_name, f"{what} (by the running server, fine for a restart; else the start fails)")
@@ -533,6 +530,39 @@ class _Checker:
                 f"{endpoint}: every address that reaches it reads /stats and /metrics without a password: "
                 "bind it to 127.0.0.1 or a LAN address, or set MonitorHTTP.Username and MonitorHTTP.Password",
             )
+
+
+def consensus_endpoint(config: Config) -> Endpoint | None:
+    """A Guaranteed seed's consensus (Raft) listener, ClusterMemberListen's address and port + 1; else None.
+
+    Taken by another process, the seed cannot join the seed members' majority.
+    """
+    listen = config.cluster_member_listen
+    if listen is None or config.cluster_delivery_mode is not DeliveryMode.GUARANTEED:
+        return None
+    if not 0 <= config.member_index < config.seed_count:
+        return None
+    return Endpoint(listen.host, listen.port + 1)
+
+
+def listeners(config: Config) -> list[tuple[str, Endpoint]]:
+    """(key, endpoint) of every listener of the member; a seed's consensus port too, as ClusterMemberListen."""
+    monitor_tls: tuple[Endpoint, ...] = getattr(config, "monitor_listen_encrypted", ())
+    found = [("Listen", e) for e in config.listen]
+    found += [("ListenEncrypted", e) for e in config.listen_encrypted]
+    found += [("MonitorHTTP.Listen", e) for e in config.monitor_listen]
+    found += [("MonitorHTTP.ListenEncrypted", e) for e in monitor_tls]
+    if config.cluster_member_listen is not None:
+        found.append(("ClusterMemberListen", config.cluster_member_listen))
+    consensus = consensus_endpoint(config)
+    if consensus is not None:
+        found.append(("ClusterMemberListen", consensus))
+    return found
+
+
+def collide(a: Endpoint, b: Endpoint) -> bool:
+    """Whether two listeners cannot both bind: one port, and the same host or a wildcard covering the other."""
+    return bool(a.port) and a.port == b.port and _overlap(a.host, b.host)
 
 
 def _group_exists(name: str) -> bool:

@@ -55,6 +55,8 @@ class Net:
         self.incarnations = 0
         self.table = Table()
         self.leader = 0
+        self.frozen: set[int] = set()  # SIGSTOPped: no ticks, nothing read, until thawed
+        self.thawed: list[tuple[int, int]] = []  # (member, peer): link losses it will see when it runs again
 
     # --- the wire of one member ---------------------------------------------------------
 
@@ -112,6 +114,10 @@ class Net:
                 self.cut.add(frozenset((index, other)))
                 self._unlink(index, other)
 
+    def thaw(self, index: int) -> None:
+        """SIGCONT: it runs again; the link losses it missed reach it at the next :meth:`run`."""
+        self.frozen.discard(index)
+
     def heal(self) -> None:
         self.cut.clear()
         for a in self.members:
@@ -131,14 +137,24 @@ class Net:
             if self.now >= end:
                 return
             self.now = min(end, self.now + step)
-            for member in list(self.members.values()):
-                member.tick(self.now)
+            for index, member in list(self.members.items()):
+                if index not in self.frozen:
+                    member.tick(self.now)
 
     def _drain(self) -> None:
+        for member, peer in [t for t in self.thawed if t[0] not in self.frozen]:
+            self.thawed.remove((member, peer))
+            if member in self.members:
+                self.members[member].peer_down(peer, self.now)
         for _ in range(1_000_000):
             if not self.queue:
                 return
+            if all(dst in self.frozen for _, dst, _ in self.queue):
+                return  # what is left waits in a stopped member's sockets
             src, dst, frame = self.queue.popleft()
+            if dst in self.frozen:
+                self.queue.append((src, dst, frame))
+                continue
             if frozenset((src, dst)) in self.links and dst in self.members:
                 self.members[dst].on_peer_frame(src, frame, self.now)
         raise AssertionError("the members never stop talking")
@@ -195,5 +211,7 @@ class _Wire:
 
     def drop_peer(self, member: int, reason: str) -> None:
         self.net.links.discard(frozenset((self.me, member)))
-        if member in self.net.members:
+        if member in self.net.frozen:
+            self.net.thawed.append((member, self.me))  # it sees the reset only when it runs again
+        elif member in self.net.members:
             self.net.members[member].peer_down(self.me, self.net.now)

@@ -189,7 +189,9 @@ def test_twelve_members_tolerate_the_seed_table(tmp_path: Path, seeds: int, down
         run(scenario(), timeout=240)
 
 
-FAULTS = [f for f in failover.FAULTS if f != "partition-member" or available()]
+# the fast tier: 1 s heartbeat timeout, a fresh cluster; the faults of everyday operation run below on the defaults
+EVERYDAY = ("kill-worker", "kill-leader", "stop-leader", "rolling-restart", "kill-rejoined")
+FAULTS = [f for f in failover.FAULTS if (f != "partition-member" or available()) and f not in EVERYDAY]
 
 
 @pytest.mark.parametrize("round_", range(ROUNDS))
@@ -208,3 +210,28 @@ def test_fault_injection_five_members(tmp_path: Path, fault: str) -> None:
     result = run(failover.run_round(tmp_path, fault, size=5, seed=7), timeout=280)
     assert isinstance(result, failover.RoundResult)
     assert result.ok, f"{result.violations[:10]} (history kept in {result.history})"
+
+
+@pytest.mark.parametrize(
+    ("mode", "fault"),
+    [
+        ("Guaranteed", "kill-member"),
+        ("Guaranteed", "kill-worker"),
+        ("Guaranteed", "kill-leader"),
+        ("Guaranteed", "rolling-restart"),
+        ("Standard", "kill-member"),
+        ("Standard", "kill-rejoined"),
+    ],
+)
+def test_everyday_faults_after_traffic_on_the_default_configuration(tmp_path: Path, mode: str, fault: str) -> None:
+    """The operator's faults on the default member configuration (3 s heartbeat timeout, two workers), after
+    sustained traffic: 100 subjects whose caches hold 40 messages of 120 bytes (the 4 KB a peer may send
+    before authenticating, passed), and /health checked against what each restarted member can do.
+    `migratory bench failover --defaults --prefill 200x60` runs every kind many times (bench/failover.md)."""
+    result = run(
+        failover.run_round(tmp_path, fault, size=3, mode=mode, seed=11, prefill=(100, 40), **failover.DEFAULTS),
+        timeout=280,
+    )
+    assert isinstance(result, failover.RoundResult)
+    assert result.ok, f"{result.violations[:10]} (history kept in {result.history})"
+    assert result.acked > 50 and result.gaps and result.ack_gaps

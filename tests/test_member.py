@@ -513,3 +513,34 @@ def test_a_restarted_guaranteed_agent_is_healthy_only_once_the_table_admits_this
     net.run(2)
     for subject in subjects:
         assert {net.workers[i].replica.position(subject)[1] for i in range(3)} == {2}
+
+
+def test_a_standard_coordinator_resumed_after_sigstop_numbers_nothing_under_its_old_epochs() -> None:
+    """The fault checker's SIGSTOP: the hung coordinator, resumed, numbered the publications that had
+    waited in its sockets, which the cluster had already numbered through the publishers' retries."""
+    net = started(3)
+    subject = next(f"/hang/{i}" for i in range(1000) if owners(net)[group_of(f"/hang/{i}")] == 2)
+    net.publish(0, subject, b"before", publish_id="p-1")
+    net.run(1)
+    net.frozen.add(2)
+    net.run(5)  # the others drop it after the heartbeat timeout and move its groups
+    assert [i for i in (0, 1) if net.members[i].active[group_of(subject)]] in ([0], [1])
+    retried = net.publish(0, subject, b"during", publish_id="p-2")  # the retry of a publication member 2 holds
+    net.run(1)
+    assert net.status(0, retried) in (Status.OK, Status.NO_SUBSCRIBER)
+    net.thaw(2)
+    hung = net.members[2]
+    stale = net.publish(2, subject, b"during", publish_id="p-2")  # the original, read first after SIGCONT
+    assert net.status(2, stale) is Status.FAILED and hung.counters["resumed"] == 1 and not hung.ready
+    net.run(0.5)  # it sees its links reset, and redials them (a full heartbeat timeout before it would start alone)
+    net.heal()
+    net.run(8)
+    assert hung.ready and hung.serving
+    owners(net)
+    for i in (0, 1):
+        assert [c for _, _, c in net.workers[i].delivered[subject]] == [b"before", b"during"]
+    # its own subscribers missed "during" while it hung: Standard mode resyncs them (no cache), never silently
+    assert [c for _, _, c in net.workers[2].delivered[subject]] == [b"before", b"<resync>"]
+    for i in range(3):
+        snapshot = net.workers[i].replica.get(subject)
+        assert snapshot is not None and snapshot.content == b"during" and snapshot.seq == 2

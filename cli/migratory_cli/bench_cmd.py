@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -405,10 +406,20 @@ def failover_cmd(
         [], "--fault", help="Faults to inject (repeatable; default: all but partition-member without root)."
     ),
     size: int = typer.Option(3, "--members", min=3, help="Cluster members."),
-    mode: str = typer.Option("Guaranteed", "--mode", help="ClusterDeliveryMode: Guaranteed or Standard."),
+    mode: list[str] = typer.Option(
+        ["Guaranteed"], "--mode", help="ClusterDeliveryMode: Guaranteed or Standard (repeatable: both in turn)."
+    ),
     folder: Path = typer.Option(Path("bench/failover-runs"), "--folder", help="Where the rounds' members keep files."),
     json_out: Path | None = typer.Option(None, "--json", help="Write every round and the summary here."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Run every round even after one failed."),
+    defaults: bool = typer.Option(
+        False,
+        "--defaults",
+        help="The default member configuration (heartbeat 500/3000 ms, Workers = 2) instead of the fast 200/1000 ms.",
+    ),
+    prefill: str = typer.Option(
+        "0x0", "--prefill", help="SUBJECTSxMESSAGES published before each round (e.g. 200x60: every cache over 4 KB)."
+    ),
 ) -> None:
     """Fault-injection rounds against a local cluster; exit 1 if any history breaks a rule."""
     import asyncio
@@ -422,26 +433,49 @@ def failover_cmd(
     if unknown:
         _console.print(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(fo.FAULTS)}", markup=False)
         raise typer.Exit(2)
+    modes = [m.capitalize() for m in mode]
+    if any(m not in ("Guaranteed", "Standard") for m in modes):
+        _console.print(f"--mode: Guaranteed or Standard, not {', '.join(mode)}", markup=False)
+        raise typer.Exit(2)
+    try:
+        fill_subjects, fill_messages = (int(part) for part in prefill.lower().split("x"))
+    except ValueError:
+        _console.print(f"--prefill: SUBJECTSxMESSAGES, for example 200x60, not {prefill!r}", markup=False)
+        raise typer.Exit(2) from None
+    settings: dict[str, Any] = dict(fo.DEFAULTS) if defaults else {}
     if "partition-member" in faults and not available():
         _console.print("partition-member needs root, iproute2 and nftables", markup=False)
         raise typer.Exit(2)
     results: list[fo.RoundResult] = []
     failed = False
+    kinds = [(m, name) for m in modes for name in faults if m == "Guaranteed" or name not in fo.GUARANTEED_ONLY]
     for n in range(rounds):
-        for name in faults:
-            place = folder / f"round-{n + 1}-{name}"
+        for round_mode, name in kinds:
+            place = folder / f"round-{n + 1}-{round_mode}-{name}"
             shutil.rmtree(place, ignore_errors=True)
             try:
-                result = asyncio.run(fo.run_round(place, name, size=size, mode=mode, seed=n))
+                result = asyncio.run(
+                    fo.run_round(
+                        place,
+                        name,
+                        size=size,
+                        mode=round_mode,
+                        seed=n,
+                        prefill=(fill_subjects, fill_messages),
+                        **settings,
+                    )
+                )
             except Exception as exc:  # a round that could not even run is a failed round, with the reason
-                result = fo.RoundResult(name, mode, size, [f"the round could not run: {type(exc).__name__}: {exc}"])
+                result = fo.RoundResult(
+                    name, round_mode, size, [f"the round could not run: {type(exc).__name__}: {exc}"]
+                )
                 result.history = str(place)
             results.append(result)
             mark = "[green]ok[/]" if result.ok else "[red]VIOLATION[/]"
             _console.print(
-                f"round {n + 1} {name:20} {mark} acked {result.acked:5} unacked {result.unacked:3} "
-                f"gap max {max(result.gaps, default=0):.3f} s recovered {sum(result.recovered):4} "
-                f"({result.seconds:.1f} s)"
+                f"round {n + 1} {round_mode:10} {name:20} {mark} acked {result.acked:5} unacked {result.unacked:3} "
+                f"gap max {max(result.gaps, default=0):.3f} s ack gap max {max(result.ack_gaps, default=0):.3f} s "
+                f"recovered {sum(result.recovered):4} ({result.seconds:.1f} s)"
             )
             if not result.ok:
                 failed = True
@@ -455,10 +489,14 @@ def failover_cmd(
         if failed and not keep_going:
             break
     summary = fo.summary(results)
+    by_fault = fo.summary_by_fault(results)
+    for kind, figures in by_fault.items():
+        _console.print(f"{kind}: {figures}", markup=False)
     _console.print(summary)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({"summary": summary, "rounds": [r.as_dict() for r in results]}, indent=1))
+        document = {"summary": summary, "by_fault": by_fault, "rounds": [r.as_dict() for r in results]}
+        json_out.write_text(json.dumps(document, indent=1))
     raise typer.Exit(1 if failed else 0)
 
 

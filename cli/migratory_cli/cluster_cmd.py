@@ -8,6 +8,7 @@ what differs, and ``status`` shows a running cluster as one member's monitor see
 from __future__ import annotations
 
 import base64
+import ipaddress
 import secrets
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from migratory.config import DeliveryMode, Endpoint, parse_endpoints
+from migratory.config import Config, DeliveryMode, Endpoint, parse_endpoints
+from migratory.preflight import KeyLines, collide, consensus_endpoint, listeners
 from migratory_cli.config_cmds import load_or_exit
 from migratory_cli.status_cmd import fetch
 from migratory_cli.status_cmd import show as show_document
@@ -116,7 +118,11 @@ def _host_port(host: str, port: int) -> str:
 
 @app.command("check")
 def check_cmd(files: list[Path] = typer.Argument(..., help="The members' migratorydata.conf files.")) -> None:
-    """Prove that several members' configurations agree (list, order, password, mode); say what differs."""
+    """Prove that several members' configurations agree (list, order, password, mode); say what differs.
+
+    Exit codes: 0 they agree, 1 they differ, 2 a file is invalid or a seed's consensus port (its cluster
+    port + 1) is another member's listener on the same host.
+    """
     configs = [(path, load_or_exit(path)) for path in files]
     problems: list[str] = []
     for path, config in configs:
@@ -139,11 +145,12 @@ def check_cmd(files: list[Path] = typer.Argument(..., help="The members' migrato
         if me in seen:
             problems.append(f"{path} and {seen[me]} are both member {me}")
         seen[me] = path
+    collisions = consensus_collisions(clustered)
     console = Console(highlight=False)
-    if problems:
-        for problem in problems:
+    if problems or collisions:
+        for problem in problems + collisions:
             _err.print(problem, markup=False)
-        raise typer.Exit(EXIT_DIFFER)
+        raise typer.Exit(EXIT_USAGE if collisions else EXIT_DIFFER)
     members = clustered[0][1].cluster_members if clustered else ()
     missing = [str(m) for m in members if m not in seen]
     console.print(
@@ -152,6 +159,46 @@ def check_cmd(files: list[Path] = typer.Argument(..., help="The members' migrato
         + (f"; not checked here: {', '.join(missing)}" if missing else ""),
         markup=False,
     )
+
+
+def consensus_collisions(configs: list[tuple[Path, Config]]) -> list[str]:
+    """``file:line: ClusterMemberListen: what`` for each seed whose consensus port another member's file listens on.
+
+    Each file alone is checked when loaded; only the files side by side show members sharing a host
+    (127.0.0.1, .2, .3 with one port set) where one's Listen or monitor port is a seed's cluster port + 1.
+    A wildcard listener counts when both members are on one machine: the same cluster host, or loopback ones.
+    """
+    out: list[str] = []
+    for path, config in configs:
+        consensus = consensus_endpoint(config)
+        me = config.cluster_member_listen
+        if consensus is None or me is None:
+            continue
+        for other_path, other in configs:
+            them = other.cluster_member_listen
+            if other_path == path or them is None or them == me:
+                continue
+            for key_name, endpoint in listeners(other):
+                if endpoint.host in ("*", "0.0.0.0", "::") and not _one_machine(them.host, me.host):
+                    continue  # perhaps another machine's wildcard
+                if collide(consensus, endpoint):
+                    line = KeyLines.of_file(path).line("ClusterMemberListen")
+                    out.append(
+                        f"{path}:{line}: ClusterMemberListen: port {consensus.port} of {consensus.host} (the seed "
+                        f"members' consensus port: ClusterMemberListen's port + 1) is also {key_name} {endpoint} "
+                        f"in {other_path}"
+                    )
+    return out
+
+
+def _one_machine(a: str, b: str) -> bool:
+    """Whether two member hosts are surely one machine: the same host, or both loopback (127.0.0.2, ...)."""
+    if a == b:
+        return True
+    try:
+        return ipaddress.ip_address(a).is_loopback and ipaddress.ip_address(b).is_loopback
+    except ValueError:
+        return False
 
 
 def status_table(document: dict[str, Any]) -> Table:

@@ -8,9 +8,11 @@ then proves, per subscriber and subject:
 - **no duplicate**: no content delivered twice (snapshots excluded: a resync snapshot
   legitimately repeats the latest value);
 - **order**: seq increases, and each publisher's ``n`` increases;
-- **nothing acknowledged lost** (Guaranteed mode): every publication answered OK
-  after the subscriber subscribed reached it, unless the subscriber was told
-  NOTIFY_DATA_RESYNC for that subject (which Guaranteed runs count as a failure too).
+- **nothing acknowledged lost**: every publication answered OK after the subscriber
+  subscribed reached it, unless the subscriber was told NOTIFY_DATA_RESYNC for that
+  subject (which Guaranteed runs count as a failure too);
+- **no silent gap**: a seq that skips ahead is preceded by NOTIFY_DATA_RESYNC;
+- **numbered once** (across all histories): one content, one position ``(epoch, seq)``.
 
 A history that breaks a rule is written to a JSON file and the violations returned.
 """
@@ -113,11 +115,13 @@ def check(
     """Judge every history against the acknowledged publications (sent at the times given)."""
     violations: list[str] = []
     bad: list[History] = []
+    histories = list(histories)
     for history in histories:
         found = _check_one(history, acked or {}, guaranteed)
         if found:
             bad.append(history)
             violations.extend(f"{history.name}: {v}" for v in found)
+    violations.extend(_numbered_twice(histories))
     if bad and keep is not None:
         keep.parent.mkdir(parents=True, exist_ok=True)
         keep.write_text(json.dumps({"violations": violations, "histories": [h.as_json() for h in bad]}, indent=1))
@@ -135,6 +139,14 @@ def _check_one(history: History, acked: dict[str, list[tuple[bytes, float]]], gu
         seqs = [seq for kind, _, seq, _, _ in items if kind != "SNAPSHOT"]
         if any(b <= a for a, b in itertools.pairwise(seqs)):
             out.append(f"{subject}: seq not increasing: {seqs[:50]}")
+        timed = [(seq, t) for kind, _, seq, _, t in items if kind != "SNAPSHOT"]
+        resyncs = [
+            t for kind, what, t in history.notices if kind == EventKind.NOTIFY_DATA_RESYNC.value and what == subject
+        ]
+        for (a, ta), (b, tb) in itertools.pairwise(timed):
+            if b > a + 1 and not any(ta <= t <= tb for t in resyncs):
+                out.append(f"{subject}: silent gap: seq {a} then {b} with no NOTIFY_DATA_RESYNC between")
+                break
         last: dict[str, int] = {}
         for content in contents:
             parsed = _parse(content)
@@ -147,10 +159,24 @@ def _check_one(history: History, acked: dict[str, list[tuple[bytes, float]]], gu
             last[publisher] = n
         if guaranteed and history.resynced(subject):
             out.append(f"{subject}: resynchronised (NOTIFY_DATA_RESYNC) instead of recovered")
-    if guaranteed:
-        for subject, published in acked.items():
-            got = set(history.contents(subject, updates_only=False))
-            lost = [c for c, when in published if when >= history.subscribed_at and c not in got]
-            if lost and not history.resynced(subject):
-                out.append(f"{subject}: {len(lost)} acknowledged message(s) lost: {[c.decode() for c in lost[:5]]}")
+    for subject, published in acked.items():  # Standard too: a loss it cannot recover must be said (a resync)
+        got = set(history.contents(subject, updates_only=False))
+        lost = [c for c, when in published if when >= history.subscribed_at and c not in got]
+        if lost and not history.resynced(subject):
+            out.append(f"{subject}: {len(lost)} acknowledged message(s) lost: {[c.decode() for c in lost[:5]]}")
     return out
+
+
+def _numbered_twice(histories: list[History]) -> list[str]:
+    """One publication at two positions (a retried publish id numbered again): no per-client check sees it."""
+    positions: dict[tuple[str, bytes], set[tuple[int, int]]] = {}
+    for history in histories:
+        for subject, items in history.messages.items():
+            for kind, epoch, seq, content, _ in items:
+                if kind != "SNAPSHOT" and _parse(content) is not None:
+                    positions.setdefault((subject, content), set()).add((epoch, seq))
+    return [
+        f"{subject}: {content.decode(errors='replace')} numbered twice: {sorted(at)}"
+        for (subject, content), at in positions.items()
+        if len(at) > 1
+    ][:20]

@@ -1,11 +1,16 @@
 """Fault-injection rounds against a local cluster, judged by the history checker.
 
 One round: start a cluster (processes on 127.0.0.x, or each member in its own network
-namespace when a partition is wanted), start subscribers that record everything and
-publishers that publish steadily on several subjects (each publication retried with
-the same publish id until acknowledged), inject one fault, heal it, let the cluster
-settle, and check every history (migratory/bench/checker.py): no acknowledged message
-lost, none delivered twice, order kept per subject, every client back in sync.
+namespace when a partition is wanted), fill it with history (``prefill``: hundreds of
+subjects with full caches, so that every state sync after a restart is large), start
+subscribers that record everything and publishers that publish steadily on several
+subjects (each publication retried with the same publish id until acknowledged), inject
+one fault, heal it, let the cluster settle, and check every history
+(migratory/bench/checker.py): no acknowledged message lost, none delivered or numbered
+twice, order kept, no silent gap, every client back in sync, every member's snapshots
+alike. Whenever a restarted member's ``/health`` first says ready, the round checks
+what the member can actually do at that moment: deliver to a subscriber on it what is
+published elsewhere, and answer a publication made through it.
 ``migratory bench failover --rounds N`` and tests/test_failover.py both run these.
 """
 
@@ -30,7 +35,10 @@ from migratory.client import MigratoryClient
 from migratory.groups import group_of
 from migratory.protocol import Status
 
-__all__ = ["FAULTS", "RoundResult", "percentile", "run_round"]
+__all__ = ["DEFAULTS", "FAULTS", "GUARANTEED_ONLY", "RoundResult", "percentile", "run_round", "summary_by_fault"]
+
+# The default member configuration on this 2-core machine (Workers = auto is one per core): what an operator runs.
+DEFAULTS: dict[str, Any] = {"heartbeat_timeout": 3000, "heartbeat_interval": 500, "workers": 2}
 
 FAULTS = (
     "kill-coordinator",
@@ -40,7 +48,14 @@ FAULTS = (
     "partition-member",
     "restart-member",
     "lose-seed-majority",
+    "kill-worker",
+    "kill-leader",
+    "stop-leader",
+    "rolling-restart",
+    "kill-rejoined",
 )
+GUARANTEED_ONLY = ("lose-seed-majority", "kill-leader", "stop-leader")  # faults of the seeds' consensus
+HEALTH_PROBE_TIMEOUT = 5.0  # s a member whose /health says ready gets to deliver and answer a probe
 OK = (Status.OK, Status.NO_SUBSCRIBER)
 
 
@@ -66,6 +81,7 @@ class RoundResult:
     history: str | None = None
     seconds: float = 0.0
     victim: int = -1
+    ack_gaps: list[float] = field(default_factory=list)  # per publisher loop: longest wait between two acks
 
     @property
     def ok(self) -> bool:
@@ -87,6 +103,7 @@ class _Publisher:
         self.interval = interval
         self.client = MigratoryClient(servers, backoff_initial=0.05, backoff_max=1.0, request_timeout=8.0)
         self.acked: dict[str, list[tuple[bytes, float]]] = {s: [] for s in subjects}
+        self.ack_times: dict[str, list[float]] = {s: [] for s in subjects}
         self.published = 0
         self.unacked = 0
 
@@ -107,6 +124,7 @@ class _Publisher:
             self.published += 1
             if status in OK:
                 self.acked[subject].append((content, sent))
+                self.ack_times[subject].append(time.monotonic())
             else:
                 self.unacked += 1  # outcome unknown: it may or may not be delivered, never twice
             n += 1
@@ -123,13 +141,23 @@ async def run_round(
     subjects: int = 6,
     rate: float = 60.0,
     heartbeat_timeout: int = 1000,
+    heartbeat_interval: int | None = None,
+    workers: int = 1,
+    prefill: tuple[int, int] = (0, 0),
     seeds: int | None = None,
     seed: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> RoundResult:
-    """Run one round with ``fault`` and return what the checker found."""
+    """Run one round with ``fault`` and return what the checker found.
+
+    ``prefill`` = (subjects, messages each) published before the round (120-byte messages: with 60
+    a subject, every cache holds 7 KB). The default member configuration is ``heartbeat_timeout=3000,
+    heartbeat_interval=500, workers=2`` on this 2-core machine (:data:`DEFAULTS`).
+    """
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})")
+    if fault in GUARANTEED_ONLY and mode != "Guaranteed":
+        raise ValueError(f"{fault} is a fault of the Guaranteed mode's seed consensus")
     rng = random.Random(seed)
     say = log or (lambda _: None)
     started = time.monotonic()
@@ -140,8 +168,9 @@ async def run_round(
             folder,
             size,
             mode=mode,
-            heartbeat_interval=max(50, heartbeat_timeout // 5),
+            heartbeat_interval=heartbeat_interval or max(50, heartbeat_timeout // 5),
             heartbeat_timeout=heartbeat_timeout,
+            workers=workers,
             extra=extra,
             hosts=namespaces.hosts if namespaces else None,
             ports=(8800, 9100, 9900) if namespaces else None,
@@ -151,6 +180,9 @@ async def run_round(
             cluster.start_all(ready_timeout=60)
             for index in range(size):
                 cluster.wait_view(index, set(range(size)), timeout=60)
+            if prefill[0]:
+                await _prefill(cluster, mode, *prefill)
+                say(f"prefilled {prefill[0]} subjects with {prefill[1]} messages each")
             result = await _round(cluster, namespaces, fault, mode, subjects, rate, heartbeat_timeout, rng, say, folder)
     finally:
         if namespaces is not None:
@@ -178,8 +210,7 @@ async def _round(
     recorders = [Recorder(f"sub{i}", servers, request_timeout=8.0) for i in range(2 * size)]
     for recorder in recorders:
         await recorder.start(subjects)
-    # Standard mode has no cache to recognise a retried publish id: a retry could be delivered twice
-    retries = 40 if mode == "Guaranteed" else 0
+    retries = 40  # both modes number a retried publish id once (the ids travel with the state)
     publishers = [_Publisher(f"pub{i}", servers, subjects, 2 / rate, retries) for i in range(2)]
     for publisher in publishers:
         await publisher.client.connect()
@@ -189,35 +220,56 @@ async def _round(
     coordinator = await loop.run_in_executor(None, _coordinator_of, cluster, subjects[0])
     pause = max(2.0, 2.5 * heartbeat_timeout / 1000)
     victim = coordinator
+    probes: list[str] = []  # what a member's /health promised and the member could not do
     fault_at = time.monotonic()
-    say(f"{fault}: member {victim + 1} coordinates {subjects[0]}")
-    if fault == "kill-coordinator":
+    if fault in ("kill-leader", "stop-leader"):
+        victim = await loop.run_in_executor(None, _leader_of, cluster)
+        say(f"{fault}: member {victim + 1} leads the seed members")
+    else:
+        say(f"{fault}: member {victim + 1} coordinates {subjects[0]}")
+    if fault in ("kill-coordinator", "kill-leader"):
         await loop.run_in_executor(None, cluster.kill, victim)
         await asyncio.sleep(pause)
-        await loop.run_in_executor(None, _restart, cluster, victim)
+        await _restart_checked(cluster, victim, mode, probes)
     elif fault == "kill-member":
         victim = rng.choice([i for i in range(size) if i != coordinator])
         await loop.run_in_executor(None, cluster.kill, victim)
         await asyncio.sleep(pause)
-        await loop.run_in_executor(None, _restart, cluster, victim)
+        await _restart_checked(cluster, victim, mode, probes)
     elif fault == "kill-agent":  # the member's agent alone: its workers and their clients stay
-        agent = cluster.processes(victim).get("migratory-agent")
-        if agent is None:
-            raise RuntimeError(f"member {victim} has no agent process")
-        os.kill(agent, 9)
-        await asyncio.sleep(pause)
+        await _kill_child(cluster, victim, "migratory-agent")
+        await _probe_when_ready(cluster, victim, mode, probes)
+    elif fault == "kill-worker":  # one worker alone: the supervisor restarts it, it links to its agent again
+        await _kill_child(cluster, victim, "migratory-w0")
+        await _probe_when_ready(cluster, victim, mode, probes)
     elif fault == "restart-member":
         await loop.run_in_executor(None, cluster.kill, victim)
-        await loop.run_in_executor(None, _restart, cluster, victim)  # back before the others notice
-    elif fault == "stop-member":
+        await _restart_checked(cluster, victim, mode, probes)  # back before the others notice
+    elif fault == "kill-rejoined":  # killed again the moment it says it is back
+        await loop.run_in_executor(None, cluster.kill, victim)
+        await asyncio.sleep(pause)
+        await loop.run_in_executor(None, cluster.start, victim)
+        await _wait_healthy(cluster, victim)
+        await loop.run_in_executor(None, cluster.kill, victim)
+        await asyncio.sleep(pause)
+        await _restart_checked(cluster, victim, mode, probes)
+    elif fault == "rolling-restart":  # the apt upgrade workflow: each member in turn, once the last is healthy
+        for index in range(size):
+            await loop.run_in_executor(None, cluster.stop, index)
+            await _restart_checked(cluster, index, mode, probes)
+            for other in range(size):
+                await loop.run_in_executor(None, cluster.wait_view, other, set(range(size)), 60.0)
+    elif fault in ("stop-member", "stop-leader"):
         cluster.signal(victim, 19)  # SIGSTOP
         await asyncio.sleep(pause)
         cluster.signal(victim, 18)  # SIGCONT
+        await _probe_when_ready(cluster, victim, mode, probes)
     elif fault == "partition-member":
         assert namespaces is not None
         namespaces.partition(victim)
         await asyncio.sleep(pause)
         namespaces.heal(victim)
+        await _probe_when_ready(cluster, victim, mode, probes)
     elif fault == "lose-seed-majority":
         seeds = min(size, 3 if size < 5 else 5)
         victims = rng.sample(range(seeds), seeds // 2 + 1)
@@ -227,7 +279,8 @@ async def _round(
         await asyncio.sleep(pause)
         for index in victims:
             await loop.run_in_executor(None, cluster.start, index)
-        await loop.run_in_executor(None, cluster.wait_ready, victims, 60.0)
+        for index in victims:
+            await _probe_when_ready(cluster, index, mode, probes)
     healed_at = time.monotonic()
     say(f"healed after {healed_at - fault_at:.2f} s")
     for index in range(size):
@@ -246,6 +299,7 @@ async def _round(
     keep = folder / f"violations-{fault}.json"
     violations = check([r.history for r in recorders], acked, guaranteed=mode == "Guaranteed", keep=keep)
     violations += await loop.run_in_executor(None, _in_sync, cluster, recorders, subjects)
+    violations += probes
     result = RoundResult(
         fault,
         mode,
@@ -259,6 +313,7 @@ async def _round(
         resynced_clients=sum(1 for r in recorders if any(r.history.resynced(s) for s in subjects)),
         history=str(keep) if keep.exists() else None,
         victim=victim,
+        ack_gaps=[g for p in publishers for t in p.ack_times.values() if (g := _ack_gap(t, fault_at)) is not None],
     )
     for client in (*(p.client for p in publishers), *(r.client for r in recorders)):
         await client.close()
@@ -274,9 +329,101 @@ def _coordinator_of(cluster: LocalCluster, subject: str) -> int:
     return group_of(subject) % cluster.size
 
 
-def _restart(cluster: LocalCluster, index: int) -> None:
-    cluster.start(index)
-    cluster.wait_ready([index], 60.0)
+def _leader_of(cluster: LocalCluster) -> int:
+    """The seed members' Raft leader, as the members' /cluster documents name it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for index in range(cluster.size):
+            document = cluster.cluster(index) or {}
+            if int(document.get("leader", -1)) >= 0:
+                return int(document["leader"])
+        time.sleep(0.1)
+    raise RuntimeError("no member names a Raft leader")
+
+
+async def _kill_child(cluster: LocalCluster, index: int, name: str) -> None:
+    """SIGKILL one process of a member and wait until its supervisor has started another."""
+    pid = cluster.processes(index).get(name)
+    if pid is None:
+        raise RuntimeError(f"member {index} has no {name} process")
+    os.kill(pid, 9)
+    deadline = time.monotonic() + 30
+    while cluster.processes(index).get(name) in (None, pid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"member {index}'s {name} was not restarted")
+        await asyncio.sleep(0.05)
+
+
+async def _wait_healthy(cluster: LocalCluster, index: int, timeout: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + timeout
+    while True:
+        document = await loop.run_in_executor(None, cluster.health, index, 1.0)
+        if document is not None and document.get("ready"):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"member {index} not ready after {timeout:.0f} s: {document}")
+        await asyncio.sleep(0.05)
+
+
+async def _restart_checked(cluster: LocalCluster, index: int, mode: str, probes: list[str]) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, cluster.start, index)
+    await _probe_when_ready(cluster, index, mode, probes)
+
+
+async def _probe_when_ready(cluster: LocalCluster, index: int, mode: str, probes: list[str]) -> None:
+    """The moment member ``index``'s /health says ready, check that it can do what that promises."""
+    await _wait_healthy(cluster, index)
+    said = time.monotonic()
+    problem = await _probe(cluster, index, mode == "Guaranteed")
+    if problem:
+        probes.append(f"member {index + 1}: /health said ready but {problem} ({time.monotonic() - said:.1f} s)")
+
+
+async def _probe(cluster: LocalCluster, index: int, guaranteed: bool) -> str:
+    """Deliver to a subscriber on member ``index`` what another member numbers; answer a publication."""
+    others = [i for i in range(cluster.size) if i != index and cluster[i].alive]
+    subject = f"/probe/m{index}-{random.randrange(1 << 30)}"
+    limit = HEALTH_PROBE_TIMEOUT
+    try:
+        async with MigratoryClient([cluster[index].ws_url], request_timeout=limit, backoff_max=0.2) as own:
+            await own.subscribe([subject])
+            status = await own.publish(subject, b"probe-own", guaranteed=guaranteed, retries=0)
+            if status not in OK:
+                return f"a publication through it was answered {status.name}"
+            if (await own.next_message(limit)).content != b"probe-own":
+                return "its own publication did not reach its subscriber"
+            for other in others[:1]:
+                async with MigratoryClient([cluster[other].ws_url], request_timeout=limit) as elsewhere:
+                    await elsewhere.publish(subject, b"probe-elsewhere", guaranteed=guaranteed, retries=5)
+                if (await own.next_message(limit)).content != b"probe-elsewhere":
+                    return f"a publication through member {other + 1} did not reach its subscriber"
+    except (TimeoutError, OSError, ConnectionError) as exc:
+        return f"the probe failed: {type(exc).__name__}: {exc}"
+    return ""
+
+
+def _ack_gap(times: list[float], fault_at: float) -> float | None:
+    """The longest wait between two acknowledgements of one publisher loop, from the last one before the fault."""
+    before = [t for t in times if t < fault_at]
+    after = [t for t in times if t >= fault_at]
+    if not before or not after:
+        return None
+    return max(b - a for a, b in itertools.pairwise([before[-1], *after]))
+
+
+async def _prefill(cluster: LocalCluster, mode: str, subjects: int, messages: int) -> None:
+    """History before the round: ``messages`` of 120 bytes on each of ``subjects`` subjects, in parallel."""
+    payload = b"f" * 110
+    guaranteed = mode == "Guaranteed"
+    async with MigratoryClient([m.ws_url for m in cluster.members], request_timeout=20.0) as client:
+        for n in range(messages):
+            await asyncio.gather(
+                *(
+                    client.publish(f"/fill/s{k}", payload + b"%09d" % n, guaranteed=guaranteed, retries=5)
+                    for k in range(subjects)
+                )
+            )
 
 
 async def _settle(cluster: LocalCluster, recorders: list[Recorder], subjects: list[str], timeout: float = 20.0) -> None:
@@ -335,4 +482,15 @@ def summary(results: list[RoundResult]) -> dict[str, Any]:
         "recovered_max": max(recovered, default=0),
         "acked": sum(r.acked for r in results),
         "unacked": sum(r.unacked for r in results),
+        "violations": sum(len(r.violations) for r in results),
+        "ack_gap_p50_s": round(percentile([g for r in results for g in r.ack_gaps], 50), 3),
+        "ack_gap_max_s": round(max((g for r in results for g in r.ack_gaps), default=0.0), 3),
     }
+
+
+def summary_by_fault(results: list[RoundResult]) -> dict[str, dict[str, Any]]:
+    """:func:`summary` for each mode and fault kind, as bench/failover.md reports them."""
+    kinds: dict[str, list[RoundResult]] = {}
+    for result in results:
+        kinds.setdefault(f"{result.mode} {result.fault}", []).append(result)
+    return {kind: summary(rounds) for kind, rounds in kinds.items()}
