@@ -201,3 +201,25 @@ def test_help_names_the_exit_codes() -> None:
     for command in ("publish", "subscribe", "snapshot"):
         out = cli(command, "--help").stdout
         assert "Exit codes" in out and "cannot connect" in out and "refused by the" in out
+
+
+def test_cluster_status_says_why_a_member_is_not_ready_and_who_leads() -> None:
+    from migratory_cli.cluster_cmd import status_table
+    from rich.console import Console
+
+    document = {
+        "member": 0,
+        "mode": "Guaranteed",
+        "ready": True,
+        "healthy": False,
+        "reason": "no quorum: a majority of the seed members is not reachable",
+        "quorum": False,
+        "leader": 2,
+        "term": 7,
+        "members": [],
+    }
+    console = Console(width=200, record=True)
+    console.print(status_table(document))
+    text = " ".join(console.export_text().split())  # the caption wraps at the table's width
+    assert "quorum NO" in text and "leader member 3, term 7" in text
+    assert "this member NOT ready: no quorum: a majority of the seed members is not reachable" in text

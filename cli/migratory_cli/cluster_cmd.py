@@ -218,10 +218,14 @@ def status_table(document: dict[str, Any]) -> Table:
             str(row.get("snapshots", "-")),
             str(row.get("clients", "-")),
         )
+    guaranteed = document.get("mode") == "Guaranteed"
+    leader = document.get("leader", -1)
+    healthy = document.get("healthy", document.get("ready"))
     table.caption = (
         f"{document.get('mode', '?')} delivery; "
-        + (f"quorum {'yes' if document.get('quorum') else 'NO'}; " if document.get("mode") == "Guaranteed" else "")
-        + f"this member {'ready' if document.get('ready') else 'synchronising'}"
+        + (f"quorum {'yes' if document.get('quorum') else 'NO'}; " if guaranteed else "")
+        + (f"leader member {leader + 1}, term {document.get('term', 0)}; " if guaranteed and leader >= 0 else "")
+        + ("this member ready" if healthy else f"this member NOT ready: {document.get('reason') or 'synchronising'}")
     )
     return table
 
