@@ -108,3 +108,25 @@ def test_a_worker_and_the_agent_killed_after_traffic_come_back_linked(tmp_path: 
             cluster.wait_ready([2], 30)
             run(_serves(cluster, 2, 0, True))
         _no_refusals(cluster, 2)
+
+
+@pytest.mark.parametrize("mode", ["Standard", "Guaranteed"])
+def test_publications_without_an_id_through_two_fresh_members_are_both_published(tmp_path: Path, mode: str) -> None:
+    """The server names an id-less publication for in-cluster retries; every fresh member's first HTTP
+    session had the same name, so the second member's first publication was taken for a retry of the
+    first's: answered OK, never published."""
+    import urllib.request
+
+    with LocalCluster(tmp_path, 3, mode=mode) as cluster:
+        for index in range(3):
+            cluster.start(index)
+        for index in range(3):  # through the monitor: the client listeners have served no session yet
+            cluster.wait_view(index, {0, 1, 2})
+        for index, subject in ((0, "/fresh/a"), (1, "/fresh/b")):
+            url = f"{cluster[index].http_url}/publish?subject={subject}"
+            with urllib.request.urlopen(urllib.request.Request(url, data=b"v", method="POST"), timeout=10) as answer:
+                assert answer.status == 200
+        deadline = time.monotonic() + 10
+        while not all(cluster.snapshot(2, s) for s in ("/fresh/a", "/fresh/b")):
+            assert time.monotonic() < deadline, [cluster.snapshot(2, s) for s in ("/fresh/a", "/fresh/b")]
+            time.sleep(0.2)

@@ -188,6 +188,9 @@ class Engine:
         self.peer_interest: dict[str, dict[int, int]] = {}
         self._forwards: dict[int, tuple[Reply, float]] = {}
         self._forward_ids = 0
+        # server-given publish ids must be unique in the whole cluster: session names repeat across members
+        # (every fresh member's first session is "1-0-1"), and an id seen twice is numbered once
+        self._id_prefix = secrets.token_hex(8)
         self.loop = loop
         self.epoch = epoch
         self.cluster = config.clustered
@@ -580,7 +583,8 @@ class Engine:
             coordinator = self.agent
             if not message.publish_id:  # a retry inside the cluster must not number it twice
                 self._forward_ids += 1
-                message = dataclasses.replace(message, publish_id=f"{origin.session}/{self._forward_ids}")
+                publish_id = f"{self._id_prefix}/{origin.session}/{self._forward_ids}"
+                message = dataclasses.replace(message, publish_id=publish_id)
             reply = self._logged_reply(message, _origin_fields(origin), start, reply)
         else:
             coordinator = owner(message.subject, self.workers)
