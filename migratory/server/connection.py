@@ -186,6 +186,8 @@ class Connection(Session, asyncio.Protocol):
         self.inbuf = b""
         engine = self.engine
         engine.unregister(self)
+        if engine.inflight:
+            engine.forget_session(self)
         if self.connected:
             engine.stats.connections -= 1
             engine.stats.disconnections_total += 1
@@ -339,6 +341,10 @@ class Connection(Session, asyncio.Protocol):
         timeout = config.keep_alive_timeout / 1000.0
         if self.token_expiry and time.time() >= self.token_expiry:
             self.revoke_subscriptions()
+        if engine.held and self in engine.held:  # not read on purpose (backpressure): its silence is ours
+            self.ping_sent = 0.0
+            engine.schedule(self, now + interval)
+            return
         if self.ping_sent and self.last_rx < self.ping_sent:
             if now - self.ping_sent >= timeout:
                 self.abort("keepalive_timeout")
@@ -562,8 +568,27 @@ class Connection(Session, asyncio.Protocol):
             return
         if parser.idle:
             self.parser = None  # idle connections keep no parser (memory per connection)
-        for frame in frames:
+        self._frames(frames)
+
+    def hold_input(self) -> None:
+        """Backpressure (Engine.publish_started): read nothing more; frames already parsed wait in the engine."""
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def release_input(self, waiting: list[Any]) -> None:
+        if self.transport is None or self.state != _WS:
+            return
+        self.transport.resume_reading()
+        if waiting:
+            self.engine.loop.call_soon(self._frames, waiting)
+
+    def _frames(self, frames: list[Any]) -> None:
+        held = self.engine.held
+        for i, frame in enumerate(frames):
             if self.state != _WS:
+                return
+            if held and self in held:  # a publication before this one filled a budget: the rest waits
+                held[self].extend(frames[i:])
                 return
             opcode = frame.opcode
             if opcode == OP_BINARY:

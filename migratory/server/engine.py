@@ -71,6 +71,7 @@ from migratory.websocket import OP_BINARY, build_frame
 if TYPE_CHECKING:
     from migratory.server.bus import Bus
     from migratory.server.connection import Connection
+    from migratory.server.session import Session
 
 __all__ = ["Authorizer", "Engine", "Origin", "PublishResult", "Stats"]
 
@@ -104,6 +105,9 @@ RESERVED_PREFIX = "/migratory/"
 INTERNAL = Origin("127.0.0.1", 0, "server", "internal")
 CUSTOM_ENTITLEMENT_TIMEOUT = 5.0
 FORWARD_TIMEOUT = 8.0  # the member agent answers within 6 s, the client library waits 10 s
+FORWARD_GIVE_UP = 30.0  # s a live agent's late answer is waited for (it answers within 6 s of reading)
+MAX_INFLIGHT_PER_CONNECTION = 256  # publications one connection may have unanswered before it is not read
+WORKER_FORWARD_BUDGET = 2000  # publications unanswered by coordinators, per worker, before publishers are held
 AGENT_SILENCE = 3.5  # s without the agent's ClusterInfo (sent every second) before a member worker stops taking clients
 
 
@@ -186,7 +190,11 @@ class Engine:
         self.workers = workers
         self.bus: Bus | None = None
         self.peer_interest: dict[str, dict[int, int]] = {}
-        self._forwards: dict[int, tuple[Reply, float]] = {}
+        self._forwards: dict[int, tuple[Reply, float, float]] = {}  # request -> reply, deadline, give up at
+        # Backpressure: a publisher is not read while it has MAX_INFLIGHT_PER_CONNECTION publications unanswered,
+        # or while this worker waits for WORKER_FORWARD_BUDGET answers; TCP then slows it down (no FAILED)
+        self.inflight: dict[Session, int] = {}
+        self.held: dict[Session, list[Any]] = {}  # sessions not read, with what they sent that waits
         self._forward_ids = 0
         # server-given publish ids must be unique in the whole cluster: session names repeat across members
         # (every fresh member's first session is "1-0-1"), and an id seen twice is numbered once
@@ -609,7 +617,8 @@ class Engine:
         if not self.bus.send(coordinator, frame, queue_if_down=not self.cluster):
             reply(PublishResult(Status.FAILED, "the coordinator is unavailable"))
             return
-        self._forwards[request] = (reply, self.loop.time() + FORWARD_TIMEOUT)
+        now = self.loop.time()
+        self._forwards[request] = (reply, now + FORWARD_TIMEOUT, now + FORWARD_GIVE_UP)
 
     def _logged_reply(self, message: Message, origin: Mapping[str, str], start: int, reply: Reply) -> Reply:
         """In a cluster the publishing worker logs the publication once the coordinator answered."""
@@ -757,9 +766,40 @@ class Engine:
             for subject in dirty:
                 self.bus.broadcast(Interest(subject, self.index.count(subject)))
 
+    def publish_started(self, session: Session) -> None:
+        """A client's publication enters: past its connection's or this worker's budget, stop reading it."""
+        count = self.inflight[session] = self.inflight.get(session, 0) + 1
+        if session not in self.held and (
+            count >= MAX_INFLIGHT_PER_CONNECTION or len(self._forwards) >= WORKER_FORWARD_BUDGET
+        ):
+            self.held[session] = []
+            session.hold_input()
+
+    def publish_done(self, session: Session) -> None:
+        """A publication was answered: read the held publishers again once the budgets are half free."""
+        count = self.inflight.get(session, 0) - 1
+        if count > 0:
+            self.inflight[session] = count
+        else:
+            self.inflight.pop(session, None)
+        if self.held and len(self._forwards) <= WORKER_FORWARD_BUDGET // 2:
+            for held in [s for s in self.held if self.inflight.get(s, 0) <= MAX_INFLIGHT_PER_CONNECTION // 2]:
+                held.release_input(self.held.pop(held))
+
+    def forget_session(self, session: Session) -> None:
+        self.inflight.pop(session, None)
+        self.held.pop(session, None)
+
     def _expire_forwards(self, now: float) -> None:
-        for request, (reply, deadline) in list(self._forwards.items()):
+        alive = self.cluster and self.bus is not None and self.bus.linked(self.agent)
+        alive = alive and now - self._agent_said <= AGENT_SILENCE
+        for request, (reply, deadline, give_up) in list(self._forwards.items()):
             if deadline <= now:
+                if alive and now < give_up:
+                    # a live agent answers everything it read, within 6 s of reading it: a late answer is
+                    # queueing between us, and failing it would report FAILED for what gets numbered
+                    self._forwards[request] = (reply, now + FORWARD_TIMEOUT, give_up)
+                    continue
                 del self._forwards[request]
                 reply(PublishResult(Status.FAILED, "no answer from the coordinator"))
 

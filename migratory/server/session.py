@@ -15,7 +15,7 @@ frames messages differently converts them (only its own connections pay for it).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from migratory import protocol as p
 from migratory.entitlement import Decision
@@ -50,6 +50,12 @@ class Session:
         self.subscriptions: SubjectSet = ()
 
     # --- what a transport provides ---------------------------------------------------------
+
+    def hold_input(self) -> None:
+        """Stop reading this client (too many of its publications unanswered); a transport may not be able to."""
+
+    def release_input(self, waiting: list[Any]) -> None:
+        """Read this client again, first what arrived while it was held (``waiting``, as held)."""
 
     @property
     def session(self) -> str:
@@ -88,8 +94,10 @@ class Session:
             if not self.session_ready():
                 return
             closure = msg.closure
+            engine.publish_started(self)
 
             def reply(result: PublishResult) -> None:
+                engine.publish_done(self)
                 self.send(_frame(p.encode_publish_status(result.status, closure, result.reason)))
 
             message = Message(
