@@ -215,3 +215,26 @@ def test_member_warnings_keep_every_cluster_line_and_count_the_workers_pauses() 
         "member 0: 2026-11-24T00:10:15.065Z member agent: event loop stalled for 2.2 s",
         "member 0: 31 worker stalls or long garbage collections, the longest 3.9 s",
     ]
+
+
+def test_a_refused_publication_is_not_waited_for() -> None:
+    """bench/cluster.md: a publisher whose publications were answered FAILED waited forever for their
+    deliveries; the codec records which subject each refused one was for, and the drain stops expecting it."""
+    from migratory import protocol as p
+    from migratory.bench.runner import Report, _deliverable
+    from migratory.bench.wire import MigratoryCodec
+
+    codec = MigratoryCodec()
+    codec.ready = True
+    answers = [
+        p.encode_publish_status(p.Status.FAILED, "/bench/s0", "no quorum"),
+        p.encode_publish_status(p.Status.FAILED, "/bench/s0", "no quorum"),
+        p.encode_publish_status(p.Status.NO_SUBSCRIBER, "/bench/s1", ""),  # published: its deliveries still come
+        p.encode_publish_status(p.Status.OK, "/bench/s1", ""),
+    ]
+    codec.feed(b"".join(bytes((0x82, len(a))) + a for a in answers))
+    report = Report("migratory", 10, 2, 1, 64, 0)
+    report.expected_deliveries = 100
+    assert codec.unpublished == {"/bench/s0": 2}
+    assert _deliverable(report, codec, {"/bench/s0": 10, "/bench/s1": 5}) == 80
+    assert sum(codec.refused.values()) == 3

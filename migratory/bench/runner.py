@@ -340,6 +340,12 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
     return report
 
 
+def _deliverable(report: Report, codec: object, subscribers: dict[str, int]) -> int:
+    """The deliveries still to come: those of the publications not refused (FAILED, DENIED, ...)."""
+    unpublished: dict[str, int] = getattr(codec, "unpublished", {})
+    return report.expected_deliveries - sum(subscribers.get(s, 0) * n for s, n in unpublished.items())
+
+
 async def _publish(
     config: BenchConfig, report: Report, subscribers: dict[str, int], poll: Callable[[], int], notify: Progress
 ) -> None:
@@ -366,9 +372,9 @@ async def _publish(
             if delay > 0:
                 await asyncio.sleep(max(delay, PUBLISH_TICK))
         elif (n + 1) % config.burst == 0:
-            # closed loop: the next burst goes out once this one is delivered
+            # closed loop: the next burst goes out once this one is delivered (what was refused never will be)
             deadline = loop.time() + config.drain_timeout
-            while poll() < report.expected_deliveries and loop.time() < deadline:
+            while poll() < _deliverable(report, codec, subscribers) and loop.time() < deadline:
                 await asyncio.sleep(0.005)
         now = loop.time()
         if now - drained >= 0.05:
@@ -381,3 +387,4 @@ async def _publish(
     transport.close()
     for why, count in getattr(codec, "refused", {}).items():
         report.errors.append(f"{count} publications answered {why}")
+    report.expected_deliveries = _deliverable(report, codec, subscribers)  # the drain waits for these only

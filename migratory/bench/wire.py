@@ -146,10 +146,13 @@ def _mask_control(opcode: int, payload: bytes) -> bytes:
 
 class MigratoryCodec(_WebSocket):
     refused: dict[str, int]  # a publisher's publications answered other than OK, by status and reason
+    # subject -> publications answered neither OK nor NO_SUBSCRIBER: never published, so never delivered
+    unpublished: dict[str, int]
 
     def __init__(self) -> None:
         super().__init__()
         self.refused = {}
+        self.unpublished = {}
 
     def after_upgrade(self, subjects: Sequence[str]) -> bytes:
         out = _mask(p.encode_connect())
@@ -158,7 +161,7 @@ class MigratoryCodec(_WebSocket):
         return out
 
     def publish(self, subject: str, payload: bytes) -> bytes:
-        return _mask(p.encode_publish(subject, payload, closure="", retained=True))
+        return _mask(p.encode_publish(subject, payload, closure=subject, retained=True))
 
     def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
         frames, pong = self.frames(data)
@@ -178,6 +181,8 @@ class MigratoryCodec(_WebSocket):
                 assert isinstance(answer, p.PublishStatus)
                 why = f"{answer.status.name}: {answer.reason}"[:100]
                 self.refused[why] = self.refused.get(why, 0) + 1
+                if answer.status is not p.Status.NO_SUBSCRIBER:
+                    self.unpublished[answer.closure] = self.unpublished.get(answer.closure, 0) + 1
         return out, pong
 
     def is_ready(self, subjects: int) -> bool:
