@@ -125,11 +125,11 @@ class SeedConsensus:
     """This seed's Raft node, stepped from the agent's loop."""
 
     def __init__(self, config: Config) -> None:
-        me = config.member_index
+        me = self.me = config.member_index
         timeout = config.cluster_heartbeat_timeout / 1000.0
         folder = Path(config.state_folder)
         folder.mkdir(parents=True, exist_ok=True)
-        election = max(0.3, timeout / 4)
+        election = max(0.25, timeout / 8)
         host, port = consensus_bind_address(config)
         problem = _bind_problem(host, port)
         if problem is not None:  # PySyncObj would retry it silently forever
@@ -161,6 +161,7 @@ class SeedConsensus:
             cause = (again.strerror or str(again)) if again is not None else "taken by another process meanwhile"
             raise _bind_error(host, port, errno.EADDRINUSE, cause) from None
         self._proposing = False
+        self._was_leader = False
         log.info(
             "seed member %d: consensus on %s (listening on %s) with %s",
             me,
@@ -175,7 +176,11 @@ class SeedConsensus:
         quorum = bool(self.store.hasQuorum)
         member.leader = leader
         member.leader_quorum = leader and quorum
-        member.term = int(self.store.raftCurrentTerm)
+        term = int(self.store.raftCurrentTerm)
+        if (term, leader) != (member.term, self._was_leader):
+            log.info("seed member %d: Raft term %d, %s", self.me, term, "leader" if leader else "follower")
+            self._was_leader = leader
+        member.term = term
         table = self.store.table()
         if table.version > member.table.version:
             member.set_table(table, now)
