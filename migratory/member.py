@@ -62,6 +62,8 @@ from migratory.replica import Applied, Entry, Replica, SubjectSync
 __all__ = ["Member", "MemberSettings", "Wire"]
 
 MAX_HOPS = 4
+MERGE_CACHE = 32  # Standard mode: messages per subject an agent keeps for merges (not for clients)
+MERGE_CACHE_TTL = 10.0  # s
 
 
 class Wire(Protocol):
@@ -202,9 +204,17 @@ class Member:
     # --- helpers ----------------------------------------------------------------------
 
     def _new_replica(self) -> Replica:
-        """The cache in Guaranteed mode; in both modes the publish ids numbered in the last CacheExpireTime."""
+        """The cache in Guaranteed mode; in both modes the publish ids numbered in the last CacheExpireTime.
+
+        In Standard mode the agent keeps the last :data:`MERGE_CACHE` messages of each subject for
+        :data:`MERGE_CACHE_TTL` seconds: a new coordinator's merged state and the old one's last live
+        messages travel on two links, in no order between them, and a state that overtakes them must
+        carry them, or the member could only resync its subscribers for what is about to arrive.
+        """
         s = self.s
-        return Replica(s.cache_size if s.guaranteed else 0, s.cache_ttl, id_window=s.cache_ttl)
+        if s.guaranteed:
+            return Replica(s.cache_size, s.cache_ttl, id_window=s.cache_ttl)
+        return Replica(MERGE_CACHE, min(s.cache_ttl, MERGE_CACHE_TTL), id_window=s.cache_ttl)
 
     def _request(self) -> int:
         self._next_request += 1
