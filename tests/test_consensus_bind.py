@@ -25,6 +25,7 @@ from migratory.config import Config, ConfigError
 from migratory.preflight import check, check_file
 from migratory.server import consensus
 from migratory.server.consensus import ConsensusBindError, SeedConsensus, consensus_bind_address
+from tests.test_cluster import free_ports_ok
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "migratory_cli.main"]
@@ -41,19 +42,10 @@ def shared_ports() -> tuple[int, int, int]:
     """(client, cluster, monitor), each port and the next one free on every host of HOSTS."""
     for _ in range(50):
         ports = free_ports(HOSTS[0], 3, consecutive=2)
-        if all(_free(host, port + extra) for host in HOSTS for port in ports for extra in (0, 1)):
+        if all(free_ports_ok(host, tuple(p + extra for p in ports for extra in (0, 1))) for host in HOSTS):
             client, cluster, monitor = ports
             return client, cluster, monitor
     raise RuntimeError("no port set free on 127.0.0.1, .2 and .3")
-
-
-def _free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def listening(pid: int, port: int) -> set[str]:
@@ -123,7 +115,7 @@ def held() -> Iterator[int]:
     """A cluster port (listeners free around it on HOSTS) whose port + 1 another process holds on 127.0.0.1."""
     for _ in range(50):
         port = free_ports(HOSTS[0], 1, consecutive=4)[0] + 2
-        if all(_free(host, p) for host in HOSTS for p in range(port - 2, port + 2)):
+        if all(free_ports_ok(host, tuple(range(port - 2, port + 2))) for host in HOSTS):
             break
     else:
         raise RuntimeError("no free ports on 127.0.0.1, .2 and .3")
