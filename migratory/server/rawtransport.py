@@ -10,10 +10,15 @@ with ``__slots__`` and a dict entry.
 
 Writes go straight to the socket and only what the kernel did not take is kept (and
 watched with EPOLLOUT); reads are level-triggered into one buffer shared by the
-worker. The protocol side is asyncio's (``connection_made``, ``data_received``,
-``eof_received``, ``connection_lost``, ``pause_writing``, ``resume_writing``), so a
+worker. While what is kept is over the high-water mark (the protocol is paused for
+writing) the connection is not read either, as ``openssl s_server`` does: a peer that
+sends requests and never reads their answers stops being read once its answers pile
+up, instead of making the server keep them all (review of issue 31, D5). The protocol
+side is asyncio's (``connection_made``, ``data_received``, ``eof_received``,
+``connection_lost``, ``pause_writing``, ``resume_writing``), so a
 :class:`~migratory.server.connection.Connection` does not know which transport it
-has; ``LeanTransport = false`` gives it the event loop's again.
+has; ``LeanTransport = false`` gives it the event loop's again (whose reading does not
+wait for its writing).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ log = logging.getLogger("migratory.server")
 
 _IN = select.EPOLLIN if hasattr(select, "EPOLLIN") else 1
 _OUT = select.EPOLLOUT if hasattr(select, "EPOLLOUT") else 4
+_HUP = ~(_IN | _OUT)  # EPOLLHUP, EPOLLERR: reported whether watched or not
 _READ_SIZE = 65536
 _MAX_EVENTS = 1024  # per loop turn: the rest stay ready (level-triggered) for the next
 _ACCEPTS_PER_TURN = 128
@@ -67,7 +73,8 @@ class Poller:
             try:
                 if mask & _OUT:
                     transport._write_ready()
-                if mask & ~_OUT and transports.get(fd) is transport:
+                # not read if an earlier callback of this turn paused its reading (unless hung up or failed)
+                if mask & ~_OUT and transports.get(fd) is transport and (transport._mask & _IN or mask & _HUP):
                     transport._read_ready()
             except Exception as exc:  # a protocol's bug costs its connection, never the others of this turn
                 log.error("connection dropped: its protocol failed (%s: %s)", type(exc).__name__, exc)
@@ -84,7 +91,7 @@ class Poller:
 class RawTransport:
     """One accepted TCP connection: an ``asyncio.Transport`` for what a Connection uses."""
 
-    __slots__ = ("_buffer", "_closing", "_mask", "_paused_protocol", "fd", "peer", "poller", "protocol")
+    __slots__ = ("_buffer", "_closing", "_mask", "_paused_protocol", "_reading", "fd", "peer", "poller", "protocol")
 
     def __init__(self, poller: Poller, fd: int, peer: Any, protocol: asyncio.Protocol) -> None:
         self.poller = poller
@@ -94,6 +101,7 @@ class RawTransport:
         self._buffer: bytearray | None = None  # what the kernel has not taken yet
         self._closing = False
         self._paused_protocol = False
+        self._reading: bool | None = True  # the protocol's wish (pause_reading); None after end of file
         self._mask = _IN
         poller.transports[fd] = self
         poller.epoll.register(fd, _IN)
@@ -121,12 +129,17 @@ class RawTransport:
         return bool(self._mask & _IN)
 
     def pause_reading(self) -> None:
-        if not self._closing:
-            self._watch(self._mask & ~_IN)
+        if self._reading:
+            self._reading = False
+            if not self._closing:
+                self._watch(self._mask & ~_IN)
 
     def resume_reading(self) -> None:
-        if not self._closing:
-            self._watch(self._mask | _IN)
+        """Read again, unless the peer is not reading what we wrote (then once it has: see :meth:`_write_ready`)."""
+        if self._reading is False:
+            self._reading = True
+            if not self._closing and not self._paused_protocol:
+                self._watch(self._mask | _IN)
 
     def get_write_buffer_size(self) -> int:
         return len(self._buffer) if self._buffer is not None else 0
@@ -164,9 +177,15 @@ class RawTransport:
         self._pause_if_full(buffer)
 
     def _pause_if_full(self, buffer: bytearray) -> None:
-        """Past the high-water mark, ask the protocol to stop writing (once, until drained)."""
+        """Past the high-water mark, ask the protocol to stop writing (once, until drained), and stop reading.
+
+        Reading waits as long as writing does: whatever the peer sends next may ask for more
+        output (a request, a TLS ``KeyUpdate``), and a peer that does not read ours must not make
+        the server keep it.
+        """
         if len(buffer) > _HIGH_WATER and not self._paused_protocol:
             self._paused_protocol = True
+            self._watch(self._mask & ~_IN)
             self.protocol.pause_writing()
 
     def writelines(self, chunks: list[bytes]) -> None:
@@ -210,6 +229,7 @@ class RawTransport:
         if count:
             self.protocol.data_received(bytes(poller.view[:count]))
             return
+        self._reading = None
         self._watch(self._mask & ~_IN)  # at end of file the socket stays readable
         keep_open = self.protocol.eof_received()
         if not keep_open:
@@ -236,6 +256,8 @@ class RawTransport:
             self._watch(self._mask & ~_OUT)
         if self._paused_protocol and len(buffer) <= _LOW_WATER:
             self._paused_protocol = False
+            if self._reading and not self._closing:
+                self._watch(self._mask | _IN)  # the peer reads again: so do we
             self.protocol.resume_writing()
 
     def _fail(self, exc: OSError) -> None:

@@ -66,9 +66,37 @@ False and every connection takes the third path above: correct, just heavier. Th
 ``TLSLeanTransport = false``. The secrets are only ever held by the
 connection they belong to, as OpenSSL would hold them; nothing is written
 anywhere. The callback runs inside ``do_handshake`` on the event loop's thread,
-which names the connection being handshaken (``_Capture.target``). Its first argument,
+which names the connection being handshaken (``_Capture.target``, set only for a
+lean listener's connections). Its first argument,
 that handshake's ``SSL *``, is kept until the handshake ends: through it libssl tells
 what was negotiated (:meth:`TLSTransport._refusal`), so nothing is taken over on a guess.
+Of the lines OpenSSL logs, only ``SERVER_TRAFFIC_SECRET_0`` and ``CLIENT_TRAFFIC_SECRET_0``
+(TLS 1.3's; TLS 1.2 logs neither) are kept, parsed from OpenSSL's own buffer straight into
+``bytearray`` objects (no ``bytes`` or ``str`` copy), as are the keys derived from them; all are
+overwritten with zeros (:func:`wipe`) as soon as the connection no longer needs them: when it stays
+on OpenSSL's record layer, when its handshake fails or times out, when it sends or receives
+close_notify or a fatal alert, when it is aborted or lost. A key a ``KeyUpdate`` replaces is wiped
+at once; the traffic secret it replaces at the next sweep (at most one waits). What cannot be
+wiped: the short-lived ``bytes`` that ``hmac`` returns inside :func:`expand_label`, and the
+cipher objects' own copies (freed by OpenSSL and ``cryptography``, which cleanse them).
+
+**Backpressure** (review of issue 31, D5). Whatever a peer sends may ask for output: a
+request of the application, a ``KeyUpdate`` with ``update_requested``, records OpenSSL answers.
+So a connection is not read while TCP cannot take more of its output (``pause_writing``: the
+transport's buffer is over its high-water mark), as ``openssl s_server`` does; ``KeyUpdate``
+requests get one answer however many came (RFC 8446 4.6.3), sent at the end of the read or
+before our next record, and held back (not sealed) while TCP is paused; what TLS holds back
+(that answer, OpenSSL's records in its outgoing BIO) counts against the connection's output
+limit together with the application's own queue (``MaxPendingOutput``, see
+:meth:`TLSTransport._within_limit`). A peer flooding tiny records meets :data:`RECORD_RATE`
+(records opened per second, a ``KeyUpdate`` weighing :data:`HANDSHAKE_RECORD_COST`; past it the
+connection is not read for a while) and :data:`MAX_EMPTY_RECORDS` (OpenSSL's limit).
+
+**Start-up self-tests and the supported matrix.** Before the first take-over, once per process,
+:func:`lean_verdict` checks the interpreter and library (:func:`outside_matrix`: CPython in
+:data:`LAYOUT_VERSIONS`, OpenSSL 3, not in FIPS mode) and runs :func:`run_selftests` (known
+answers of both sealers, a loopback handshake); if either fails, every listener keeps OpenSSL's
+record layer, said in one WARNING line.
 
 The sequence number of the server's first application record is not guessed:
 the records OpenSSL writes in the call that completes the handshake (its
@@ -85,13 +113,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import datetime
 import hmac
 import logging
+import os
+import platform
+import socket
 import ssl
 import struct
 import sys
+import tempfile
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
@@ -102,7 +136,16 @@ from migratory.server.rawtransport import RawTransport
 if TYPE_CHECKING:
     from migratory.server._tlsseal import Sealer
 
-__all__ = ["SWEEP_SECONDS", "TLSServer", "TLSTransport", "enable", "fallbacks", "prefer_aes128"]
+__all__ = [
+    "SWEEP_SECONDS",
+    "TLSServer",
+    "TLSTransport",
+    "enable",
+    "fallbacks",
+    "lean_verdict",
+    "prefer_aes128",
+    "run_selftests",
+]
 
 log = logging.getLogger("migratory.server.tls")
 
@@ -120,6 +163,20 @@ MAX_PLAINTEXT = 1 << 14
 MAX_WARNING_ALERTS = 5
 """Consecutive ``user_canceled`` alerts (TLS 1.3's only warning) that end the connection, as OpenSSL's
 ``MAX_WARN_ALERT_COUNT``: the fifth, with no non-empty record between them, gets a fatal ``unexpected_message``."""
+MAX_EMPTY_RECORDS = 32
+"""Consecutive empty records allowed, as OpenSSL's ``MAX_EMPTY_RECORDS``: the 33rd gets ``unexpected_message``."""
+RECORD_RATE = 1 << 16
+"""Records a second one connection's peer may have opened, sustained (a ``KeyUpdate`` counts as
+:data:`HANDSHAKE_RECORD_COST`); past it the connection is not read until the allowance has grown
+again (nothing is dropped). A peer flooding tiny records (1 byte, or empty) or ``KeyUpdate`` requests
+costs at most about a tenth of a core (1.6 us to open a 1-byte record, 13 us a ``KeyUpdate``, on the
+machine of bench/tls.md); bulk data (16 KB records) would need 1 GB/s to meet it."""
+RECORD_BURST = 1 << 12
+"""Records opened at once before :data:`RECORD_RATE` applies: more than one 64 KB read of the smallest ones."""
+HANDSHAKE_RECORD_COST = 8
+"""What a handshake record (a ``KeyUpdate``: three HKDF expansions, a new cipher) counts in :data:`RECORD_RATE`."""
+DEFAULT_MAX_PENDING = 4 << 20
+"""The output limit when neither the listener nor the application protocol has one (``MaxPendingOutput``'s default)."""
 _HEADER = struct.Struct("!BHH")
 _APPLICATION_DATA = 23
 _ALERT = 21
@@ -137,6 +194,8 @@ _USER_CANCELED = 90
 
 _TLS1_3_VERSION = 0x0304
 _SSL_EARLY_DATA_NOT_SENT = 0
+_KEY_UPDATE_SIZE = 5 + 6 + 16
+"""A KeyUpdate record on the wire: header, message and content type, AEAD tag."""
 
 # transport states
 _HANDSHAKING = 0
@@ -178,7 +237,7 @@ class _Suite:
         self.hash = hash_name
         self.hash_len = 48 if hash_name == "sha384" else 32
 
-    def keys(self, secret: bytes) -> tuple[bytes, int]:
+    def keys(self, secret: bytes | bytearray) -> tuple[bytes, int]:
         """The key and the IV (as an integer) of a traffic secret.
 
         A connection keeps both: an idle connection's cipher object is rebuilt from the key
@@ -188,12 +247,12 @@ class _Suite:
         iv = expand_label(secret, b"iv", 12, self.hash)
         return key, int.from_bytes(iv, "big")
 
-    def cipher(self, secret: bytes) -> tuple[Aead, int]:
+    def cipher(self, secret: bytes | bytearray) -> tuple[Aead, int]:
         """The AEAD and the IV (as an integer) of a traffic secret."""
         key, iv = self.keys(secret)
         return self.aead(key), iv
 
-    def next_secret(self, secret: bytes) -> bytes:
+    def next_secret(self, secret: bytes | bytearray) -> bytes:
         """The traffic secret after a KeyUpdate (RFC 8446 7.2)."""
         return expand_label(secret, b"traffic upd", self.hash_len, self.hash)
 
@@ -205,7 +264,7 @@ SUITES = {
 }
 
 
-def expand_label(secret: bytes, label: bytes, length: int, hash_name: str) -> bytes:
+def expand_label(secret: bytes | bytearray, label: bytes, length: int, hash_name: str) -> bytes:
     """HKDF-Expand-Label(secret, label, "", length) of RFC 8446 7.1."""
     full = b"tls13 " + label
     info = length.to_bytes(2, "big") + bytes((len(full),)) + full + b"\x00"
@@ -228,10 +287,44 @@ class _Capture:
     target: TLSTransport | None = None
 
 
-_KEYLOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+_KEYLOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+_SERVER_SECRET_LABEL = b"SERVER_TRAFFIC_SECRET_0 "
+_CLIENT_SECRET_LABEL = b"CLIENT_TRAFFIC_SECRET_0 "
+_HEX_VALUES = bytes(
+    int(chr(c), 16) if chr(c) in "0123456789abcdefABCDEF" else 0xFF for c in range(256)
+)  # an ASCII hex digit's value, 0xFF for anything else
 
 
-def _on_keylog(ssl_pointer: int | None, line: bytes | None) -> None:
+def wipe(buffer: bytes | bytearray) -> None:
+    """Overwrite a secret's buffer with zeros (a ``bytes`` cannot be, and is left to the garbage collector)."""
+    if isinstance(buffer, bytearray) and buffer:
+        buffer[:] = bytes(len(buffer))
+
+
+def _unhex(digits: bytes | memoryview) -> bytearray | None:
+    """The bytes that hex ``digits`` spell, in a new ``bytearray`` (no ``str`` or ``bytes`` copy on the way)."""
+    count = len(digits) // 2
+    if not count or len(digits) != 2 * count:
+        return None
+    out = bytearray(count)
+    for i in range(count):
+        high, low = _HEX_VALUES[digits[2 * i]], _HEX_VALUES[digits[2 * i + 1]]
+        if high > 15 or low > 15:
+            wipe(out)
+            return None
+        out[i] = high << 4 | low
+    return out
+
+
+def _on_keylog(ssl_pointer: int | None, line: bytes | memoryview | None) -> None:
+    """One line of OpenSSL's key log: the two application traffic secrets are kept, nothing else.
+
+    Only while a lean listener's connection is in ``do_handshake`` (:attr:`_Capture.target`); only
+    ``SERVER_TRAFFIC_SECRET_0`` and ``CLIENT_TRAFFIC_SECRET_0`` (TLS 1.3's; a TLS 1.2 handshake logs
+    neither), each parsed into a ``bytearray`` the connection wipes once it no longer needs it
+    (:meth:`TLSTransport._forget_secrets`). The handshake secrets and the exporter secret are never
+    copied out of OpenSSL's line.
+    """
     target = _Capture.target
     if target is None or not line:
         return
@@ -241,14 +334,48 @@ def _on_keylog(ssl_pointer: int | None, line: bytes | None) -> None:
         target._sslp = ssl_pointer or 0
     elif target._sslp != ssl_pointer:
         target._sslp = 0
-    label, _, rest = line.partition(b" ")
-    if label == b"SERVER_TRAFFIC_SECRET_0":
-        target._wsecret = bytes.fromhex(rest.rpartition(b" ")[2].decode("ascii"))
-    elif label == b"CLIENT_TRAFFIC_SECRET_0":
-        target._rsecret = bytes.fromhex(rest.rpartition(b" ")[2].decode("ascii"))
+    size = len(_SERVER_SECRET_LABEL)
+    label = line[:size]
+    server = label == _SERVER_SECRET_LABEL
+    if not server and label != _CLIENT_SECRET_LABEL:
+        return
+    end = len(line)
+    start = end
+    while start > size and line[start - 1] != 0x20:  # the secret is the last field: "<label> <random> <secret>"
+        start -= 1
+    secret = _unhex(line[start:end])
+    if secret is None:
+        return
+    if server:
+        wipe(target._wsecret)
+        target._wsecret = secret
+    else:
+        wipe(target._rsecret)
+        target._rsecret = secret
 
 
-_callback = _KEYLOG_CALLBACK(_on_keylog)  # kept alive for as long as the process
+def _from_openssl(ssl_pointer: int | None, line_pointer: int | None) -> None:
+    """The keylog callback itself: OpenSSL's line is read where it is (OpenSSL cleanses it afterwards)."""
+    if _Capture.target is None or not line_pointer or _strlen is None:
+        return
+    length = _strlen(line_pointer)
+    _on_keylog(ssl_pointer, memoryview((ctypes.c_char * length).from_address(line_pointer)).cast("B"))
+
+
+def _find_strlen() -> Callable[[int], int] | None:
+    try:
+        import _ssl
+
+        strlen = ctypes.CDLL(_ssl.__file__).strlen  # the C library's, as the extension links it
+    except (ImportError, OSError, AttributeError):
+        return None
+    strlen.restype = ctypes.c_size_t
+    strlen.argtypes = [ctypes.c_void_p]
+    return cast(Callable[[int], int], strlen)
+
+
+_strlen = _find_strlen()
+_callback = _KEYLOG_CALLBACK(_from_openssl)  # kept alive for as long as the process
 _enabled: dict[int, ssl.SSLContext] = {}
 
 _STATE_FUNCTIONS: tuple[tuple[str, Any], ...] = (
@@ -389,19 +516,25 @@ def ssl_ctx_pointer(context: ssl.SSLContext, lib: ctypes.CDLL) -> int | None:
 
 def enable(context: ssl.SSLContext) -> bool:
     """Let connections of ``context`` leave OpenSSL after a TLS 1.3 handshake; False if they cannot."""
+    problem = _hook(context)
+    if problem:
+        log.warning("TLS: %s; connections keep OpenSSL's record layer", problem)
+    return problem is None
+
+
+def _hook(context: ssl.SSLContext) -> str | None:
+    """Set the keylog hook on ``context``; why it could not be, or None."""
     if id(context) in _enabled:
-        return True
+        return None
     lib = _libssl()
     pointer = ssl_ctx_pointer(context, lib) if lib is not None else None
-    if lib is None or pointer is None:
-        log.warning("TLS: cannot reach OpenSSL's keylog hook; connections keep OpenSSL's record layer")
-        return False
+    if lib is None or pointer is None or _strlen is None:
+        return "cannot reach OpenSSL's keylog hook"
     if negotiated_state_lib() is None:
-        log.warning("TLS: cannot read what OpenSSL negotiated (libssl); connections keep OpenSSL's record layer")
-        return False
+        return "cannot read what OpenSSL negotiated (libssl)"
     lib.SSL_CTX_set_keylog_callback(pointer, _callback)
     _enabled[id(context)] = context
-    return True
+    return None
 
 
 OPENSSL_TLS13_SUITES = ("TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256", "TLS_AES_128_GCM_SHA256")
@@ -471,6 +604,7 @@ class TLSServer:
         "handshake_timeout",
         "lean",
         "loop",
+        "max_pending",
         "sealer",
     )
 
@@ -482,14 +616,19 @@ class TLSServer:
         loop: asyncio.AbstractEventLoop,
         *,
         lean: bool = True,
+        max_pending: int | None = None,
     ) -> None:
         self.context = context
         self.factory = factory
         self.handshake_timeout = handshake_timeout
         self.loop = loop
+        # the output limit TLS-level output counts against (TLSTransport._output_limit); None: the
+        # application protocol's own (a Connection's MaxPendingOutput)
+        self.max_pending = max_pending
         # lean=False (TLSLeanTransport = false): the SSLObject carries every connection's records,
-        # and the keylog hook is not even set on the context
-        self.lean = lean and enable(context)
+        # and the keylog hook is not even set on the context; so it is outside the supported matrix
+        # or when the start-up self-tests fail (lean_verdict: one WARNING per process)
+        self.lean = lean and lean_verdict() is None and enable(context)
         self.sealer = c_sealer() if self.lean else None  # AES-GCM records sealed in C
         self._active: list[TLSTransport] = []  # connections holding a cipher object
         self._sweeping: asyncio.TimerHandle | None = None
@@ -509,10 +648,15 @@ class TLSServer:
             self._sweeping = self.loop.call_later(SWEEP_SECONDS, self.sweep)
 
     def sweep(self) -> None:
-        """Drop the cipher objects of connections that used none since the previous sweep."""
+        """Drop the cipher objects of connections that used none since the previous sweep.
+
+        Also wipes the traffic secrets that ``KeyUpdate`` messages replaced since the last sweep
+        (:meth:`TLSTransport._retire`), and the secrets of connections that have ended.
+        """
         self._sweeping = None
         keep: list[TLSTransport] = []
         for transport in self._active:
+            transport._wipe_spent()  # traffic secrets a KeyUpdate replaced since the last sweep
             if transport._hot and transport._state == _RECORDS:
                 transport._hot = False
                 keep.append(transport)
@@ -555,6 +699,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
     __slots__ = (
         "_c",
         "_dec",
+        "_empty",
         "_enc",
         "_hbuf",
         "_held",
@@ -562,18 +707,23 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         "_incoming",
         "_made",
         "_outgoing",
+        "_owed",
+        "_paused",
         "_protocol",
         "_rbuf",
+        "_reading",
         "_riv",
         "_rkey",
         "_rsecret",
         "_rseq",
         "_sealer",
         "_server",
+        "_spent",
         "_ssl",
         "_sslp",
         "_state",
         "_suite",
+        "_tat",
         "_tcp",
         "_timer",
         "_warnings",
@@ -592,10 +742,13 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._ssl: ssl.SSLObject | None = None
         self._incoming: ssl.MemoryBIO | None = None
         self._outgoing: ssl.MemoryBIO | None = None
+        # the handshake's timeout; after it, the wait of a peer that sent more records than RECORD_RATE allows
         self._timer: asyncio.TimerHandle | None = None
         self._suite: _Suite | None = None
-        self._wsecret = b""
-        self._rsecret = b""
+        # the traffic secrets (bytearrays from the keylog hook, wiped when done with: _forget_secrets)
+        self._wsecret: bytes | bytearray = b""
+        self._rsecret: bytes | bytearray = b""
+        self._spent: bytearray | None = None  # the secret a KeyUpdate replaced, wiped at the next sweep
         self._wseq = 0
         self._rseq = 0
         self._enc: Aead | None = None  # the write cipher when sealing in Python (see _c)
@@ -604,14 +757,19 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._sealer: Sealer | None = None
         self._wiv = 0
         self._riv = 0
-        self._wkey = b""  # the AEAD keys, kept while idle (the cipher objects are not)
-        self._rkey = b""
+        self._wkey: bytes | bytearray = b""  # the AEAD keys, kept while idle (the cipher objects are not)
+        self._rkey: bytes | bytearray = b""
         self._rbuf = b""
         self._hbuf = b""  # the start of a handshake message whose end is in a later record (RFC 8446 5.1)
         self._warnings = 0  # user_canceled alerts since the last non-empty record of another type
+        self._empty = 0  # empty records since the last non-empty one (MAX_EMPTY_RECORDS)
         self._sslp: int | None = None  # OpenSSL's SSL * while handshaking (from the keylog callback), else None
         self._hot = False
         self._held = False
+        self._owed = False  # a KeyUpdate answer to send before our next record (RFC 8446 4.6.3): one at most
+        self._paused = False  # TCP asked us to stop writing (its buffer is over its high-water mark)
+        self._reading = True  # what the application asked (pause_reading, resume_reading)
+        self._tat = 0.0  # when the records read so far are paid for at RECORD_RATE (loop time)
 
     # --- what the application sees ------------------------------------------------------
 
@@ -653,12 +811,39 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         return self._tcp is not None and self._tcp.is_reading()
 
     def pause_reading(self) -> None:
-        if self._tcp is not None:
-            self._tcp.pause_reading()
+        self._reading = False
+        self._update_reading()
 
     def resume_reading(self) -> None:
-        if self._tcp is not None:
-            self._tcp.resume_reading()
+        self._reading = True
+        self._update_reading()
+        if self._timer is None:
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Open what was read but left waiting (past RECORD_RATE, or while the application did not read)."""
+        if self._state == _RECORDS:
+            if self._rbuf:
+                self._records_in(b"")
+        elif self._state == _OPENSSL and self._ssl is not None and self._incoming is not None:
+            waiting = self._incoming.pending or self._ssl.pending()
+            if waiting:
+                self._openssl_in()
+
+    def _update_reading(self) -> None:
+        """TCP reads only while the application wants to, TCP can write and the peer is within RECORD_RATE.
+
+        Reading waits while writing does (as ``openssl s_server`` does): what the peer sends next
+        may ask for output (a ``KeyUpdate`` request, a request of the application), and a peer that
+        does not read must not make the server keep it.
+        """
+        tcp = self._tcp
+        if tcp is None or self._state >= _CLOSING:
+            return
+        if self._reading and not self._paused and (self._timer is None or self._state == _HANDSHAKING):
+            tcp.resume_reading()
+        else:
+            tcp.pause_reading()
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         # RawTransport's limits are fixed (asyncio's defaults): nobody in this server sets others
@@ -683,6 +868,10 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         if self._state == _RECORDS and 0 < len(data) <= MAX_PLAINTEXT:
             # the fan-out's path, inlined: one record, one TCP write
             assert tcp is not None
+            if self._owed:  # a KeyUpdate answer goes before our next application data (RFC 8446 4.6.3)
+                self._pay_key_update()
+                if self._state != _RECORDS:
+                    return
             if not self._hot:
                 self._hold()
             server = self._server
@@ -717,6 +906,8 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             return
         if self._state == _RECORDS:
             assert tcp is not None
+            if self._owed and data:
+                self._pay_key_update()
             view = memoryview(data)
             tcp.write(
                 b"".join(
@@ -748,11 +939,13 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             with contextlib.suppress(ssl.SSLError):
                 self._ssl.unwrap()
             self._flush_openssl()
+        self._forget_secrets()  # nothing is sealed or opened after close_notify
         self._tcp.close()
 
     def abort(self) -> None:
         if self._state < _CLOSING:
             self._state = _CLOSING
+        self._forget_secrets()
         if self._tcp is not None:
             self._tcp.abort()
 
@@ -792,20 +985,82 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self._ssl = self._incoming = self._outgoing = None
-        self._enc = self._dec = self._sealer = None
-        self._wkey = self._rkey = self._rbuf = self._hbuf = b""
+        self._forget_secrets()
+        self._rbuf = self._hbuf = b""
         self._sslp = None
+        self._owed = False
         if self._made:
             self._made = False
             self._protocol.connection_lost(exc)
 
     def pause_writing(self) -> None:
+        """TCP's buffer is over its high-water mark: the application stops writing, and we stop reading."""
+        if self._paused:
+            return
+        self._paused = True
+        self._update_reading()
         if self._made:
             self._protocol.pause_writing()
 
     def resume_writing(self) -> None:
+        """TCP's buffer has drained: the application writes again, then what TLS held back goes, then we read."""
+        if not self._paused:
+            return
+        self._paused = False
         if self._made:
-            self._protocol.resume_writing()
+            self._protocol.resume_writing()  # what it writes first sends an owed KeyUpdate answer (write)
+        if not self._paused:
+            self._flush_held()
+            self._update_reading()
+
+    # --- TLS-level output: what the peer's records ask of us -----------------------------------
+
+    def _flush_held(self) -> None:
+        """What TLS itself had to send while TCP could not take more (a KeyUpdate answer, OpenSSL's records)."""
+        if self._state == _RECORDS:
+            if self._owed:
+                self._pay_key_update()
+        elif self._state == _OPENSSL:
+            self._flush_openssl()
+
+    def _pay_key_update(self) -> None:
+        """Our one KeyUpdate for every ``update_requested`` received since the last (RFC 8446 4.6.3)."""
+        self._owed = False
+        if self._state == _RECORDS and self._tcp is not None:
+            self._tcp.write(self._update_write_key(requested=False))
+
+    def _output_limit(self) -> int:
+        """The connection's output limit: the listener's, else the application's (MaxPendingOutput)."""
+        limit = self._server.max_pending
+        if limit is None:
+            limit = getattr(getattr(self._protocol, "engine", None), "max_pending", None)
+        return limit if isinstance(limit, int) else DEFAULT_MAX_PENDING
+
+    def _within_limit(self) -> bool:
+        """TLS-level output held while TCP is paused counts against the output limit, with the application's.
+
+        The application (:class:`migratory.server.connection.Connection`) keeps what it could not
+        write in its own queue, bounded by ``MaxPendingOutput`` (``pending_bytes``); what TLS
+        holds back (an owed ``KeyUpdate`` answer, what OpenSSL wrote in its outgoing BIO) is added
+        to that, and past the limit the connection is dropped as a slow consumer would be.
+        """
+        held = _KEY_UPDATE_SIZE if self._owed else 0
+        if self._outgoing is not None:
+            held += self._outgoing.pending
+        if not held:
+            return True
+        pending = getattr(self._protocol, "pending_bytes", 0)
+        total = held + (pending if isinstance(pending, int) else 0)
+        if total <= self._output_limit():
+            return True
+        log.info(
+            "TLS: connection from %s dropped: %d bytes of TLS output waiting, over its output limit of %d",
+            self.get_extra_info("peername"),
+            total,
+            self._output_limit(),
+        )
+        self.abort()
+        return False
 
     # --- handshake ------------------------------------------------------------------------
 
@@ -818,7 +1073,8 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
     def _handshake(self) -> None:
         sslobj = self._ssl
         assert sslobj is not None and self._outgoing is not None
-        _Capture.target = self
+        # the keylog hook keeps secrets only for a connection the lean record layer may take over
+        _Capture.target = self if self._server.lean else None
         try:
             sslobj.do_handshake()
         except ssl.SSLWantReadError:
@@ -829,6 +1085,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             log.debug("TLS handshake failed: %s", exc)
             self._sslp = None
             self._state = _CLOSING
+            self._forget_secrets()
             if self._tcp is not None:
                 self._tcp.close()
             return
@@ -856,7 +1113,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             return
         if reason:
             self._fell_back(reason)
-        self._wsecret = self._rsecret = self._wkey = self._rkey = b""
+        self._forget_secrets()  # OpenSSL carries the records: the lean layer needs nothing of them
         self._suite = None
         self._state = _OPENSSL
         if final:
@@ -951,11 +1208,12 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
                 return False
             seq += 1
         self._wseq = seq
-        self._wkey, self._wiv = wkey, iv
+        self._wkey, self._wiv = bytearray(wkey), iv
         self._c = self._server.sealer is not None and suite.aead is AESGCM
         if not self._c:
             self._enc = enc
-        self._rkey, self._riv = suite.keys(self._rsecret)
+        rkey, self._riv = suite.keys(self._rsecret)
+        self._rkey = bytearray(rkey)
         self._hold()
         return True
 
@@ -971,6 +1229,28 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         """Idle: drop the cipher objects (1 to 2.3 KB of heap each); the secrets, keys and IVs stay."""
         self._enc = self._dec = self._sealer = None
         self._held = self._hot = False
+        if self._state >= _CLOSING:
+            self._forget_secrets()
+
+    def _forget_secrets(self) -> None:
+        """The connection is done with its keys: zeros over the secrets' and keys' buffers, then none kept."""
+        self._enc = self._dec = self._sealer = None
+        for buffer in (self._wsecret, self._rsecret, self._wkey, self._rkey):
+            wipe(buffer)
+        self._wipe_spent()
+        self._wsecret = self._rsecret = self._wkey = self._rkey = b""
+
+    def _retire(self, secret: bytes | bytearray) -> None:
+        """A traffic secret a KeyUpdate replaced: wiped at the next sweep (or sooner: one is kept at most)."""
+        self._wipe_spent()
+        if isinstance(secret, bytearray):
+            self._spent = secret
+
+    def _wipe_spent(self) -> None:
+        spent = self._spent
+        if spent is not None:
+            self._spent = None
+            wipe(spent)
 
     def _new_enc(self) -> Aead:
         """The write cipher object again, from the kept key (after a sweep or a key update)."""
@@ -986,7 +1266,8 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
     def _new_sealer(self) -> Sealer:
         """The C write sealer again, from the kept key and IV (after a sweep or a key update)."""
         assert self._server.sealer is not None
-        sealer = self._sealer = self._server.sealer(self._wkey, self._wiv.to_bytes(12, "big"))
+        key = cast(bytes, self._wkey)  # a bytearray (wiped at the end): the C type takes any buffer
+        sealer = self._sealer = self._server.sealer(key, self._wiv.to_bytes(12, "big"))
         return sealer
 
     def _seal(self, inner: bytes) -> bytes:
@@ -1014,13 +1295,18 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         """A KeyUpdate under the current key, then the next key from sequence number 0."""
         assert self._suite is not None
         record = self._seal(bytes((_KEY_UPDATE, 0, 0, 1, 1 if requested else 0, _HANDSHAKE)))
-        self._wsecret = self._suite.next_secret(self._wsecret)
-        self._wkey, self._wiv = self._suite.keys(self._wsecret)
-        self._wseq = 0
         self._enc = self._sealer = None
+        secret = self._wsecret
+        self._wsecret = bytearray(self._suite.next_secret(secret))
+        self._retire(secret)
+        wipe(self._wkey)
+        key, self._wiv = self._suite.keys(self._wsecret)
+        self._wkey = bytearray(key)
+        self._wseq = 0
         return record
 
     def _records_in(self, data: bytes) -> None:
+        """Open the peer's records: at most what :data:`RECORD_RATE` allows now, the rest waits (not read)."""
         if not self._rsecret:  # the peer's close_notify came: whatever follows is ignored (RFC 8446 6.1)
             return
         buf = self._rbuf + data if self._rbuf else data
@@ -1030,6 +1316,10 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         plain: list[bytes] = []
         suite = self._suite
         assert suite is not None
+        now = self._server.loop.time()
+        start = self._tat if self._tat > now else now
+        room = RECORD_BURST - (start - now) * RECORD_RATE  # records that may be opened now
+        used = 0
         while end - pos >= 5:
             kind = buf[pos]
             length = (buf[pos + 3] << 8) | buf[pos + 4]
@@ -1038,6 +1328,9 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
                 return
             if end - pos - 5 < length:
                 break
+            if used >= room:  # the rest waits for the allowance to grow (_throttle)
+                break
+            used += 1
             if kind != _APPLICATION_DATA:
                 self._alert(_UNEXPECTED_MESSAGE, plain)
                 return
@@ -1070,18 +1363,48 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             if content_type == _APPLICATION_DATA:
                 if len(inner) > 1:
                     plain.append(inner[:-1])
-                    self._warnings = 0
+                    self._warnings = self._empty = 0
+                else:  # an empty record: allowed, but not without end (OpenSSL's MAX_EMPTY_RECORDS)
+                    self._empty += 1
+                    if self._empty > MAX_EMPTY_RECORDS:
+                        log.debug("TLS: too many empty records from %s", self.get_extra_info("peername"))
+                        self._alert(_UNEXPECTED_MESSAGE, plain)
+                        return
             elif content_type == _ALERT:
+                self._empty = 0
                 if not self._alert_received(inner[:-1], plain):
                     return
             elif content_type == _HANDSHAKE:
+                self._empty = 0
+                used += HANDSHAKE_RECORD_COST - 1
                 if not self._post_handshake(inner[:-1], plain):
                     return
             else:
                 self._alert(_UNEXPECTED_MESSAGE, plain)
                 return
+        self._tat = start + used / RECORD_RATE
         self._rbuf = buf[pos:] if pos < end else b""
         self._deliver(plain)
+        if self._state != _RECORDS:
+            return
+        if self._owed and not self._paused:
+            self._pay_key_update()  # one answer for every update_requested of this read
+        if used >= room and end - pos >= 5:
+            self._throttle(now)
+
+    def _throttle(self, now: float) -> None:
+        """Past RECORD_RATE: stop reading until half of RECORD_BURST is allowed again (what is read waits)."""
+        if self._timer is not None:
+            return
+        delay = self._tat - now - (RECORD_BURST // 2) / RECORD_RATE
+        self._timer = self._server.loop.call_later(max(delay, 0.001), self._unthrottle)
+        self._update_reading()
+
+    def _unthrottle(self) -> None:
+        self._timer = None
+        if self._reading:  # else resume_reading catches up
+            self._catch_up()
+        self._update_reading()
 
     def _deliver(self, plain: list[bytes]) -> None:
         if plain and self._state == _RECORDS:
@@ -1122,14 +1445,21 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._alert(_ILLEGAL_PARAMETER, plain)
             return False
         assert self._suite is not None
-        self._rsecret = self._suite.next_secret(self._rsecret)
-        self._rkey, self._riv = self._suite.keys(self._rsecret)
-        self._rseq = 0
         self._dec = None
-        if requested and self._tcp is not None:
-            self._deliver(plain)  # what came before, under the old keys, first
-            if self._state == _RECORDS:
-                self._tcp.write(self._update_write_key(requested=False))
+        secret = self._rsecret
+        self._rsecret = bytearray(self._suite.next_secret(secret))
+        self._retire(secret)
+        wipe(self._rkey)
+        key, self._riv = self._suite.keys(self._rsecret)
+        self._rkey = bytearray(key)
+        self._rseq = 0
+        if requested and not self._owed:
+            # answered once, however many requests come before it goes (RFC 8446 4.6.3: "an
+            # implementation which receives multiple KeyUpdates while it is silent" sends one): at the
+            # end of this read, before our next record, or once TCP takes more (resume_writing)
+            self._owed = True
+            if self._paused:
+                return self._within_limit()
         return self._state == _RECORDS
 
     def _alert_received(self, content: bytes, plain: list[bytes]) -> bool:
@@ -1152,8 +1482,10 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             return True
         self._deliver(plain)
         if description == _CLOSE_NOTIFY:
-            self._rsecret = self._rkey = self._rbuf = self._hbuf = b""  # nothing more is read on this connection
             self._dec = None
+            for buffer in (self._rsecret, self._rkey):
+                wipe(buffer)
+            self._rsecret = self._rkey = self._rbuf = self._hbuf = b""  # nothing more is read on this connection
             keep_open = self._protocol.eof_received() if self._made and self._state == _RECORDS else None
             if not keep_open:
                 self.close()
@@ -1170,6 +1502,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         log.debug("TLS: sending alert %d to %s", description, self.get_extra_info("peername"))
         self._state = _CLOSING
         self._tcp.write(self._seal(bytes((2, description, _ALERT))))
+        self._forget_secrets()
         self._tcp.close()
 
     # --- OpenSSL's record layer (TLS 1.2 and the rest) --------------------------------------
@@ -1179,13 +1512,19 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._tcp.write(self._outgoing.read())
 
     def _openssl_in(self) -> None:
+        """What OpenSSL opens of the records received: at most RECORD_RATE records with data, the rest waits."""
         sslobj = self._ssl
         assert sslobj is not None
         chunks: list[bytes] = []
         eof = False
+        now = self._server.loop.time()
+        start = self._tat if self._tat > now else now
+        room = RECORD_BURST - (start - now) * RECORD_RATE
+        used = 0
         try:
-            while True:
-                chunk = sslobj.read(65536)
+            while used < room:
+                chunk = sslobj.read(65536)  # a record's data, as OpenSSL returns it
+                used += 1
                 if not chunk:
                     eof = True
                     break
@@ -1198,12 +1537,20 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._deliver_openssl(chunks)
             self._fail(exc)
             return
-        self._flush_openssl()  # a KeyUpdate answer, ...
+        self._tat = start + used / RECORD_RATE
+        # what OpenSSL answered (a KeyUpdate for each one requested, ...) goes now, or waits in its
+        # outgoing BIO while TCP cannot take more, counted against the output limit
+        if not self._paused:
+            self._flush_openssl()
+        elif not self._within_limit():
+            return
         self._deliver_openssl(chunks)
         if eof and self._state == _OPENSSL:
             keep_open = self._protocol.eof_received()
             if not keep_open:
                 self.close()
+        elif used >= room and self._state == _OPENSSL:
+            self._throttle(now)
 
     def _deliver_openssl(self, chunks: list[bytes]) -> None:
         if chunks and self._state == _OPENSSL:
@@ -1213,3 +1560,415 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         log.debug("TLS error: %s", exc)
         self._flush_openssl()
         self.abort()
+
+
+# --- the supported matrix and the start-up self-tests ---------------------------------------
+
+SUPPORTED_OPENSSL_MAJOR = 3
+"""The OpenSSL major version the lean record layer runs on (its keylog hook, ``SSL_*`` state calls, EVP)."""
+
+VERIFIED_ON = "CPython 3.11.7 with OpenSSL 3.0.19"
+"""Where the whole TLS test suite last ran (docs/security.md, "Supported matrix")."""
+
+_verdict: list[str | None] = []  # lean_verdict's answer, once per process
+selftest_seconds: list[float] = []
+"""How long :func:`lean_verdict` took (matrix check and self-tests), once it has run in this process."""
+
+# RFC 8448 section 3 (TLS_AES_128_GCM_SHA256): the server's application traffic secret, its key and IV,
+# and its first application data record (50 bytes 00 01 ... 31, sequence number 1); the secret after
+# one KeyUpdate is Botan's (src/tests/test_tls_cipher_state.cpp). Also in tests/test_tls_rfc8448.py.
+_RFC8448_SECRET = bytes.fromhex("a11af9f05531f856ad47116b45a950328204b4f44bfb6b3a4b4f1f3fcb631643")
+_RFC8448_KEY = bytes.fromhex("9f02283b6c9c07efc26bb9f2ac92e356")
+_RFC8448_IV = bytes.fromhex("cf782b88dd83549aadf1e984")
+_RFC8448_SECRET_1 = bytes.fromhex("51921b8aa3001976eb401d0a4319a8516416a6c56001a357e5d162031e84f916")
+# RFC 8439 section 2.8.2: ChaCha20-Poly1305 of "Ladies and Gentlemen of the class of '99: ..." (its tag last)
+_RFC8439_KEY = bytes(range(0x80, 0xA0))
+_RFC8439_NONCE = bytes.fromhex("070000004041424344454647")
+_RFC8439_AAD = bytes.fromhex("50515253c0c1c2c3c4c5c6c7")
+_RFC8439_PLAINTEXT = b" ".join(
+    (
+        b"Ladies and Gentlemen of the class of '99:",
+        b"If I could offer you only one tip for the future,",
+        b"sunscreen would be it.",
+    )
+)
+_RFC8439_SEALED = bytes.fromhex(
+    "d31a8d34648e60db7b86afbc53ef7ec2a4aded51296e08fea9e2b5a736ee62d63dbea45e8ca9671282fafb69da92728b1a71de0a9e060b29"
+    "05d6a5b67ecd3b3692ddbd7f2d778b8c9803aee328091b58fab324e4fad675945585808b4831d7bc3ff4def08e4b7a9de576d26586cec64b"
+    "61161ae10b594f09e26a7e902ecbd0600691"
+)
+_RFC8448_RECORD = bytes.fromhex(
+    "1703030043"
+    "2e937e11ef4ac740e538ad36005fc4a46932fc3225d05f82aa1b36e30efaf97d90e6dffc602dcb501a59a8fcc49c4bf2e5f0a21c0047c2ab"
+    "f332540dd032e167c2955d"
+)
+
+
+def lean_verdict() -> str | None:
+    """Why the lean record layer is off in this process, or None: checked once, before the first take-over.
+
+    Off outside the supported matrix (:func:`outside_matrix`) and when a start-up self-test
+    fails (:func:`run_selftests`); either is logged as one WARNING line, once per process, and
+    every listener then keeps OpenSSL's record layer for all its connections (the keylog hook is
+    not even set). The answer is cached: the self-tests cost a few milliseconds, once.
+    """
+    if not _verdict:
+        started = time.perf_counter()
+        reason = outside_matrix()
+        if reason is None:
+            failed = run_selftests()
+            if failed is not None:
+                reason = f"its start-up self-test {failed} failed"
+        selftest_seconds[:] = [time.perf_counter() - started]
+        _verdict.append(reason)
+        if reason is None:
+            log.debug("TLS: lean record layer self-tests passed in %.1f ms", selftest_seconds[0] * 1000)
+        else:
+            log.warning("TLS: lean record layer off: %s; every connection keeps OpenSSL's record layer", reason)
+    return _verdict[0]
+
+
+def outside_matrix() -> str | None:
+    """Why this interpreter and library are outside the supported matrix, or None.
+
+    The lean record layer runs on CPython versions whose ``_SSLContext`` layout is known
+    (:data:`LAYOUT_VERSIONS`) with OpenSSL 3 (not LibreSSL, BoringSSL or another major), and
+    not in FIPS mode: there the records must stay with OpenSSL's FIPS provider, while the lean
+    layer's AEAD and HKDF are ``cryptography``'s and ``hmac``'s.
+    """
+    if not layout_known():
+        low, high = LAYOUT_VERSIONS
+        return (
+            f"{platform.python_implementation()} {platform.python_version()} is outside the supported matrix "
+            f"(CPython {low[0]}.{low[1]} to {high[0]}.{high[1]})"
+        )
+    if not ssl.OPENSSL_VERSION.startswith("OpenSSL ") or ssl.OPENSSL_VERSION_INFO[0] != SUPPORTED_OPENSSL_MAJOR:
+        return f"{ssl.OPENSSL_VERSION} is outside the supported matrix (OpenSSL {SUPPORTED_OPENSSL_MAJOR})"
+    if fips_mode():
+        return f"{ssl.OPENSSL_VERSION} is in FIPS mode"
+    return None
+
+
+def fips_mode() -> bool:
+    """Whether libcrypto (the ``ssl`` module's) fetches FIPS algorithms by default (OpenSSL 3)."""
+    lib = _libssl()
+    function = getattr(lib, "EVP_default_properties_is_fips_enabled", None) if lib is not None else None
+    if function is None:
+        return False
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p]
+    return bool(function(None))
+
+
+def run_selftests() -> str | None:
+    """The start-up self-tests of the lean record layer; the name of the first that fails, or None.
+
+    Known answers of the sealers (the C extension's, if built, and the Python one): RFC 8448's
+    key, IV, KeyUpdate secret and record byte for byte; then, for every suite and sealer, the
+    transport's own write paths at sequence numbers 2^64-2 and 2^64-1, the key update that
+    follows (new key and IV from sequence number 0) and a write of two records, against records
+    sealed here with ``cryptography``; the C sealer's socket write. Then a loopback: a lean
+    :class:`TLSTransport` and an OpenSSL client (``ssl.SSLObject`` over memory BIOs) through a
+    handshake whose ``Finished`` carries application data with it, data both ways, a KeyUpdate
+    both ways (ours asks for the client's), close_notify both ways, and the secrets wiped after.
+    """
+    sealer = c_sealer()
+    server = TLSServer(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), _Recorder, 10.0, _CLOCK, lean=False)
+    server.sealer = sealer
+    aes128, chacha = SUITES["TLS_AES_128_GCM_SHA256"], SUITES["TLS_CHACHA20_POLY1305_SHA256"]
+    checks: list[tuple[str, Callable[[], bool]]] = [
+        ("hkdf-rfc8448", _kat_hkdf),
+        ("seal-rfc8448-python", lambda: _kat_rfc8448(_python_seal(aes128.aead(_RFC8448_KEY), _RFC8448_IV))),
+        (
+            "chacha20-poly1305-rfc8439",
+            lambda: (
+                chacha.aead(_RFC8439_KEY).encrypt(_RFC8439_NONCE, _RFC8439_PLAINTEXT, _RFC8439_AAD) == _RFC8439_SEALED
+            ),
+        ),
+    ]
+    if sealer is not None:
+        checks.append(("seal-rfc8448-c", lambda: _kat_rfc8448(sealer(_RFC8448_KEY, _RFC8448_IV).seal)))
+        checks.append(("send-c", lambda: _kat_send(sealer)))
+    for name, suite in SUITES.items():
+        for use_c in (False, True) if suite.aead is AESGCM and sealer is not None else (False,):
+            label = f"seal-{name}-{'c' if use_c else 'python'}"
+            checks.append((label, lambda name=name, use_c=use_c: _kat_records(server, name, use_c)))  # type: ignore[misc]
+    checks.append(("loopback", lambda: _loopback(sealer)))
+    for name, check in checks:
+        try:
+            passed = check()
+        except Exception as exc:  # any failure is one: the lean layer stays off
+            return f"{name} ({type(exc).__name__}: {exc})"
+        if not passed:
+            return name
+    return None
+
+
+class _Clock:
+    """The self-tests' event loop: a clock, and timers that never fire (the tests run synchronously)."""
+
+    def time(self) -> float:
+        return time.monotonic()
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: object) -> _Never:
+        return _Never()
+
+
+class _Never:
+    def cancel(self) -> None:
+        pass
+
+
+_CLOCK = cast(asyncio.AbstractEventLoop, _Clock())
+
+
+class _Wire:
+    """The self-tests' TCP transport: what is written is kept for the other side."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.out += data
+
+    def take(self) -> bytes:
+        data = bytes(self.out)
+        self.out.clear()
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def get_write_buffer_size(self) -> int:
+        return len(self.out)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def is_reading(self) -> bool:
+        return not self.closed
+
+
+class _Recorder(asyncio.Protocol):
+    """The self-tests' application: keeps what it receives."""
+
+    def __init__(self) -> None:
+        self.received = bytearray()
+        self.eof = False
+
+    def data_received(self, data: bytes) -> None:
+        self.received += data
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        return None
+
+
+def _kat_hkdf() -> bool:
+    suite = SUITES["TLS_AES_128_GCM_SHA256"]
+    key, iv = suite.keys(_RFC8448_SECRET)
+    return (
+        key == _RFC8448_KEY
+        and iv == int.from_bytes(_RFC8448_IV, "big")
+        and suite.next_secret(_RFC8448_SECRET) == _RFC8448_SECRET_1
+    )
+
+
+def _kat_rfc8448(seal: Callable[[int, bytes, bytes], bytes]) -> bool:
+    """RFC 8448's server application record (sequence number 1), from ``seal(seq, inner, header)``."""
+    return seal(1, bytes(range(50)) + b"\x17", _RFC8448_RECORD[:5]) == _RFC8448_RECORD
+
+
+def _python_seal(aead: Aead, iv: bytes) -> Callable[[int, bytes, bytes], bytes]:
+    """A record sealed as the transport does it in Python (nonce = IV xor sequence number)."""
+
+    def seal(seq: int, inner: bytes, header: bytes) -> bytes:
+        return header + aead.encrypt((int.from_bytes(iv, "big") ^ seq).to_bytes(12, "big"), inner, header)
+
+    return seal
+
+
+def _kat_send(sealer: type[Sealer]) -> bool:
+    """``Sealer.send``: the record it writes to a socket is the one ``seal`` returns."""
+    inner = b"sent in one call\x17"
+    header = _HEADER.pack(_APPLICATION_DATA, 0x0303, len(inner) + 16)
+    one = sealer(_RFC8448_KEY, _RFC8448_IV)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.setblocking(False)
+        if one.send(ours.fileno(), (1 << 64) - 1, inner, header) is not None:
+            return False
+        expected = one.seal((1 << 64) - 1, inner, header)
+        return theirs.recv(len(expected) + 1) == expected
+
+
+def _kat_records(server: TLSServer, name: str, use_c: bool) -> bool:
+    """The transport's writes at the top of the sequence space, its key update and a two-record write."""
+    suite = SUITES[name]
+    secret = bytes(range(1, suite.hash_len + 1))
+    transport = TLSTransport(server, _Recorder())
+    wire = _Wire()
+    transport._tcp = cast(asyncio.Transport, wire)
+    transport._suite = suite
+    transport._state = _RECORDS
+    transport._made = True
+    transport._wsecret = bytearray(secret)
+    key, iv = suite.keys(secret)
+    transport._wkey, transport._wiv = bytearray(key), iv
+    transport._c = use_c
+    transport._wseq = (1 << 64) - 2
+    last = b"the last record under the first key"
+    first = b"the first record under the next key"
+    big = bytes(range(256)) * 65  # 16,640 bytes: two records
+    try:
+        transport.write(last)  # sequence number 2^64-2, then our KeyUpdate at 2^64-1
+        transport.write(first)
+        transport.write(big)
+        got = wire.take()
+    finally:
+        transport.connection_lost(None)
+        server._active.clear()
+
+    reference = ChaCha20Poly1305 if "CHACHA20" in name else AESGCM  # cryptography's, whatever suite.aead is
+
+    def record(key: bytes, iv: int, seq: int, inner: bytes) -> bytes:
+        header = _HEADER.pack(_APPLICATION_DATA, 0x0303, len(inner) + 16)
+        return header + reference(key).encrypt((iv ^ seq).to_bytes(12, "big"), inner, header)
+
+    next_key, next_iv = suite.keys(suite.next_secret(secret))
+    expected = b"".join(
+        (
+            record(key, iv, (1 << 64) - 2, last + b"\x17"),
+            record(key, iv, (1 << 64) - 1, bytes((_KEY_UPDATE, 0, 0, 1, 0, _HANDSHAKE))),
+            record(next_key, next_iv, 0, first + b"\x17"),
+            record(next_key, next_iv, 1, big[:MAX_PLAINTEXT] + b"\x17"),
+            record(next_key, next_iv, 2, big[MAX_PLAINTEXT:] + b"\x17"),
+        )
+    )
+    return got == expected
+
+
+def _selftest_context() -> ssl.SSLContext:
+    """A TLS 1.3 server context with a throwaway self-signed certificate (P-256), for the loopback only."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "migratory TLS self-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .sign(key, hashes.SHA256())
+    )
+    pem_key = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    with tempfile.TemporaryDirectory(prefix="migratory-tls-selftest-") as folder:  # mode 0700, removed at once
+        path = os.path.join(folder, "selftest.pem")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+            out.write(pem_key + certificate.public_bytes(serialization.Encoding.PEM))
+        context.load_cert_chain(path)
+    return context
+
+
+def _loopback(sealer: type[Sealer] | None) -> bool:
+    """A lean TLSTransport and an OpenSSL client, in memory: take-over, data, KeyUpdates, close_notify."""
+    context = _selftest_context()
+    problem = _hook(context)
+    if problem:
+        raise RuntimeError(problem)
+    counted = dict(fallbacks)
+    server = TLSServer(context, _Recorder, 10.0, _CLOCK, lean=False)
+    server.lean = True
+    server.sealer = sealer
+    app = _Recorder()
+    transport = TLSTransport(server, app)
+    wire = _Wire()
+    client_context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client_context.check_hostname = False
+    client_context.verify_mode = ssl.CERT_NONE
+    client_context.minimum_version = ssl.TLSVersion.TLSv1_3
+    into_client, from_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_context.wrap_bio(into_client, from_client)
+
+    def client_reads() -> bytes:
+        into_client.write(wire.take())
+        out = b""
+        with contextlib.suppress(ssl.SSLWantReadError):
+            while chunk := client.read(65536):
+                out += chunk
+        return out
+
+    try:
+        transport.connection_made(cast(asyncio.Transport, wire))
+        early = b"with the client's Finished"
+        sent = False
+        for _ in range(10):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                client.do_handshake()
+                if not sent:
+                    client.write(early)  # in the same flight as the Finished
+                    sent = True
+            flight = from_client.read()
+            if flight:
+                transport.data_received(flight)
+            answer = wire.take()
+            if answer:
+                into_client.write(answer)
+            if not flight and not answer:
+                break
+        if not (transport.lean and transport._state == _RECORDS and bytes(app.received) == early):
+            raise RuntimeError("not taken over after the handshake")
+        transport.write(b"from the server")
+        if client_reads() != b"from the server":
+            raise RuntimeError("data to the client")
+        read_secret = transport._rsecret
+        wire.write(transport._update_write_key(requested=True))  # ours, asking for the client's
+        transport.write(b"under our next key")
+        if client_reads() != b"under our next key":
+            raise RuntimeError("KeyUpdate to the client")
+        client.write(b"under the client's next key")
+        transport.data_received(from_client.read())
+        if not app.received.endswith(b"under the client's next key") or transport._rsecret is read_secret:
+            raise RuntimeError("KeyUpdate from the client")
+        secrets = [transport._wsecret, transport._rsecret, transport._wkey, transport._rkey]
+        with contextlib.suppress(ssl.SSLWantReadError):
+            client.unwrap()  # the client's close_notify: ours answers it
+        transport.data_received(from_client.read())
+        into_client.write(wire.take())
+        client.unwrap()
+        if not (app.eof and wire.closed):
+            raise RuntimeError("close_notify")
+        transport.connection_lost(None)
+        if any(any(buffer) for buffer in secrets) or transport._wsecret or transport._rsecret:
+            raise RuntimeError("secrets not wiped")
+    finally:
+        _Capture.target = None
+        _enabled.pop(id(context), None)
+        fallbacks.clear()
+        fallbacks.update(counted)
+        server._active.clear()
+    return True
