@@ -197,6 +197,7 @@ async def serve(
                 config.handshake_timeout / 1000.0,
                 loop,
                 lean=config.tls_lean_transport,
+                max_pending=engine.max_pending,
             )
             if config.lean_transport and rawtransport.available():
                 # the records ride on the worker's epoll set like plain connections: no loop transport

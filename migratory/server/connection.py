@@ -204,10 +204,19 @@ class Connection(Session, asyncio.Protocol):
             )
 
     def pause_writing(self) -> None:
+        """The peer does not read what we write: stop reading it too (what it sends may ask for more output).
+
+        The worker's own transports do this themselves; asyncio's (``LeanTransport = false``) does not.
+        """
         self.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.paused = False
+        engine = self.engine
+        if self.transport is not None and not (engine.held and self in engine.held):
+            self.transport.resume_reading()
         if self.pending is not None:
             self.flush()
 
@@ -578,7 +587,8 @@ class Connection(Session, asyncio.Protocol):
     def release_input(self, waiting: list[Any]) -> None:
         if self.transport is None or self.state != _WS:
             return
-        self.transport.resume_reading()
+        if not self.paused:
+            self.transport.resume_reading()
         if waiting:
             self.engine.loop.call_soon(self._frames, waiting)
 
