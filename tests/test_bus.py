@@ -178,3 +178,25 @@ def test_a_full_cache_is_synchronised_in_bounded_frames() -> None:
     assert [f.more for f in frames] == [True] * (len(frames) - 1) + [False]
     assert {f.fence for f in frames} == {9}
     assert tuple(e for f in frames for e in f.state.entries) == state.entries
+
+
+@pytest.mark.parametrize("retained", [True, False])
+def test_a_worker_resyncs_its_subscribers_when_a_live_message_skips_ahead(retained: bool) -> None:
+    """The fault suite's Standard partition round: a subscriber saw seq 41 then 56 with no NOTIFY_DATA_RESYNC
+    (its member had adopted the other side's history and the next live message skipped ahead)."""
+    import asyncio
+
+    from migratory.config import Config
+    from migratory.server.engine import Engine
+
+    async def scenario() -> list[tuple[str, int]]:
+        engine = Engine(Config.from_text("Listen = 127.0.0.1:0\n", "t.conf"), 1, asyncio.get_running_loop())
+        seen: list[tuple[str, int]] = []
+        engine.resync = lambda subject: seen.append(("resync", 0))  # type: ignore[method-assign]
+        engine.deliver = lambda subject, entry, guaranteed: seen.append(("deliver", entry.seq)) or (0, 0)  # type: ignore[method-assign]
+        for seq in (1, 2, 5):
+            engine.on_bus_frame(b.Published("/gap", b"v", {}, seq, 1, retained, False), 1)
+        return seen
+
+    expected = [("deliver", 1), ("deliver", 2), ("resync", 0)] + ([] if retained else [("deliver", 5)])
+    assert asyncio.run(scenario()) == expected

@@ -682,7 +682,14 @@ class Engine:
     def on_bus_frame(self, frame: BusFrame, peer: int) -> None:
         if isinstance(frame, Published):
             entry = frame.entry()
-            if self.replica.apply(frame.subject, entry, self.loop.time()) is not Applied.DUPLICATE:
+            applied = self.replica.apply(frame.subject, entry, self.loop.time())
+            if applied is Applied.GAP:
+                # messages before it never reached this replica (a merge adopted another history): its
+                # subscribers are told and get the snapshot, never a silent jump in the seq
+                self.resync(frame.subject)
+                if entry.retained:
+                    return  # the snapshot they just got is this message
+            if applied is not Applied.DUPLICATE:
                 self.deliver(frame.subject, entry, frame.guaranteed)
         elif isinstance(frame, Forward):
             result = self.sequence(_bus_message(frame), frame.origin, time.perf_counter_ns())
