@@ -130,3 +130,27 @@ def test_publications_without_an_id_through_two_fresh_members_are_both_published
         while not all(cluster.snapshot(2, s) for s in ("/fresh/a", "/fresh/b")):
             assert time.monotonic() < deadline, [cluster.snapshot(2, s) for s in ("/fresh/a", "/fresh/b")]
             time.sleep(0.2)
+
+
+def test_publications_a_killed_agent_never_answered_fail_at_once(tmp_path: Path) -> None:
+    """They waited for the worker's 8 s timer (the fault suite's kill-agent rounds: 8.3 s without an
+    acknowledgement); the worker now answers them FAILED as soon as its link to the agent drops."""
+    from migratory.client import PublishError
+
+    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
+        cluster.start_all()
+        agent = cluster.processes(0)["migratory-agent"]
+
+        async def scenario() -> str:
+            async with MigratoryClient([cluster[0].ws_url], request_timeout=20) as publisher:
+                os.kill(agent, signal.SIGSTOP)  # it reads nothing more: the publication waits for it
+                pending = asyncio.create_task(publisher.publish("/agent/x", b"v", guaranteed=True, raise_on_error=True))
+                await asyncio.sleep(0.5)
+                os.kill(agent, signal.SIGKILL)
+                try:
+                    await asyncio.wait_for(pending, 5.0)  # well before the 8 s timer
+                except PublishError as exc:
+                    return str(exc)
+                return "answered OK"
+
+        assert "the member agent restarted" in str(run(scenario()))

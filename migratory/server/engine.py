@@ -758,6 +758,11 @@ class Engine:
     def on_link_down(self, peer: int) -> None:
         if self.cluster and peer == self.agent:
             self._agent_ready = False  # no cluster behind us until the agent is back and synchronised
+            # what the agent had not answered will never be: the publishers hear it now, not after 8 s, and
+            # retry with the same publish id (the cluster numbers it once if the agent had numbered it)
+            forwards, self._forwards = self._forwards, {}
+            for reply, _, _ in forwards.values():
+                reply(PublishResult(Status.FAILED, "the member agent restarted; retry with the same publish id"))
 
     def _interest_changed(self, subject: str) -> None:
         """Subscriber counts go to the peers once per loop turn, whatever the number of (un)subscriptions."""
