@@ -11,6 +11,7 @@ name carries a per-run tag, and :meth:`Namespaces.close` removes everything.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -28,12 +29,17 @@ def _sh(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.
     return subprocess.run(list(args), input=stdin, capture_output=True, text=True, check=check, timeout=60)
 
 
+_instances = itertools.count()
+
+
 class Namespaces:
     """``size`` namespaces ``mgc<tag>-<i>`` on bridge ``mgb<tag>`` (10.203.<net>.0/24)."""
 
     def __init__(self, size: int, tag: str | None = None) -> None:
         self.size = size
-        self.tag = tag or f"{os.getpid() % 10000}"
+        # one tag per instance: a deleted namespace's veth peer goes away asynchronously in the kernel, and
+        # the next round of the same process must not meet it under the same name ("File exists")
+        self.tag = tag or f"{os.getpid() % 10000}{next(_instances) % 100:02d}"
         self.net = int(self.tag) % 250 + 1
         self.bridge = f"mgb{self.tag}"
         self.names = [f"mgc{self.tag}-{i}" for i in range(size)]
