@@ -154,3 +154,24 @@ def test_publications_a_killed_agent_never_answered_fail_at_once(tmp_path: Path)
                 return "answered OK"
 
         assert "the member agent restarted" in str(run(scenario()))
+
+
+def test_a_resumed_member_says_ready_only_when_it_can_serve(tmp_path: Path) -> None:
+    """A member SIGSTOPped for less than the workers' 3.5 s trust in their agent's word: after SIGCONT a
+    worker answered /health 200 from what the agent said before the pause, while the agent, awake again,
+    had no quorum and answered FAILED (the fast fault tier's stop-member round)."""
+    from migratory.bench import failover
+
+    with LocalCluster(tmp_path, 3, mode="Guaranteed", heartbeat_interval=200, heartbeat_timeout=1000) as cluster:
+        cluster.start_all()
+        for index in range(3):
+            cluster.wait_view(index, {0, 1, 2})
+        probes: list[str] = []
+        for _ in range(3):
+            cluster.signal(1, signal.SIGSTOP)
+            time.sleep(2.5)
+            cluster.signal(1, signal.SIGCONT)
+            run(failover._probe_when_ready(cluster, 1, "Guaranteed", probes))
+            for index in range(3):
+                cluster.wait_view(index, {0, 1, 2})
+        assert probes == []

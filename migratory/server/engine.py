@@ -108,6 +108,7 @@ FORWARD_TIMEOUT = 8.0  # the member agent answers within 6 s, the client library
 FORWARD_GIVE_UP = 30.0  # s a live agent's late answer is waited for (it answers within 6 s of reading)
 MAX_INFLIGHT_PER_CONNECTION = 256  # publications one connection may have unanswered before it is not read
 WORKER_FORWARD_BUDGET = 2000  # publications unanswered by coordinators, per worker, before publishers are held
+WORKER_PAUSE = 2.5  # s since the one-second tick after which a worker knows it did not run (and says not ready)
 AGENT_SILENCE = 3.5  # s without the agent's ClusterInfo (sent every second) before a member worker stops taking clients
 
 
@@ -205,6 +206,7 @@ class Engine:
         self.agent = workers  # the member agent's index on the bus, in a cluster
         self._agent_ready = False  # what the agent last said of the node (ClusterInfo)
         self._agent_said = -1e9  # when (loop time)
+        self._housekept = loop.time()  # the last one-second tick: much later means this worker did not run
         self.cluster_info: dict[str, Any] = {}
         guaranteed = config.cluster_delivery_mode.value == "Guaranteed" and self.cluster
         self.replica = Replica(
@@ -401,6 +403,11 @@ class Engine:
         """The one-second tick. No failure of one duty may stop the others, or the tick itself."""
         try:
             now = self.loop.time()
+            if now - self._housekept > WORKER_PAUSE:
+                # this worker did not run (SIGSTOP, a frozen VM): what the agent said before is no evidence of
+                # what the node can do now; the next ClusterInfo decides
+                self._agent_said = -1e9
+            self._housekept = now
             for second in [s for s in self._wheel if s <= now]:
                 for conn in self._wheel.pop(second):
                     conn.wheel_at = 0
@@ -967,9 +974,11 @@ class Engine:
         ready (state held, members linked, every worker linked), recently, and we are linked to it both ways."""
         if not self.cluster:
             return True
+        now = self.loop.time()
         return (
             self._agent_ready
-            and self.loop.time() - self._agent_said <= AGENT_SILENCE
+            and now - self._agent_said <= AGENT_SILENCE
+            and now - self._housekept <= WORKER_PAUSE  # we ran recently: a resumed worker answers from a new word
             and self.bus is not None
             and self.bus.linked(self.agent)
         )
