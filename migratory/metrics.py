@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-__all__ = ["CONTENT_TYPE", "exposition", "node_families"]
+__all__ = ["CONTENT_TYPE", "exposition", "node_families", "tls_families"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -70,6 +70,7 @@ def node_families(
     process: Mapping[str, float],
     worker_restarts: int,
     cluster: Mapping[str, Any] | None = None,
+    tls: Mapping[str, Any] | None = None,
 ) -> list[Metric]:
     """Every metric of the node, from its totals and the other figures the monitor gathers."""
     out: list[Metric] = []
@@ -124,6 +125,69 @@ def node_families(
     )
     if cluster is not None:
         out.extend(_cluster_families(cluster))
+    out.extend(tls_families(tls or {}))
+    return out
+
+
+TLS_COUNTERS = {
+    "lean_connections": (
+        "migratory_tls_lean_connections",
+        "TLS connections whose records the lean TLS 1.3 record layer took over after the handshake.",
+    ),
+    "bad_record_mac": (
+        "migratory_tls_bad_record_mac",
+        "Records from TLS peers whose AEAD tag did not verify (answered with a bad_record_mac alert).",
+    ),
+    "handshake_failures": (
+        "migratory_tls_handshake_failures",
+        "TLS handshakes that failed or did not complete within HandshakeTimeout.",
+    ),
+}
+TLS_ALERTS_ALWAYS = (
+    "close_notify",
+    "unexpected_message",
+    "bad_record_mac",
+    "record_overflow",
+    "illegal_parameter",
+    "decode_error",
+    "user_canceled",
+)
+"""Alert names exposed even at zero (what the lean record layer sends, and the warning); others once counted."""
+
+
+def tls_families(tls: Mapping[str, Any]) -> list[Metric]:
+    """The TLS counters of the node (``SharedCounters.tls``), all of them even before any TLS connection."""
+    out: list[Metric] = []
+    for key, (name, text) in TLS_COUNTERS.items():
+        counter = CounterMetricFamily(name, text)
+        counter.add_metric([], int(tls.get(key, 0)))
+        out.append(counter)
+    openssl = CounterMetricFamily(
+        "migratory_tls_openssl_connections",
+        "TLS connections of lean listeners left on OpenSSL's record layer, by reason (docs/security.md).",
+        labels=["reason"],
+    )
+    for reason, count in sorted(tls.get("openssl", {}).items()):
+        openssl.add_metric([reason], int(count))
+    out.append(openssl)
+    for key, name, text in (
+        (
+            "alerts_sent",
+            "migratory_tls_alerts_sent",
+            "TLS alerts the lean record layer sent, by alert (RFC 8446 name).",
+        ),
+        (
+            "alerts_received",
+            "migratory_tls_alerts_received",
+            "TLS alerts the lean record layer received, by alert (RFC 8446 name, or other).",
+        ),
+    ):
+        alerts = CounterMetricFamily(name, text, labels=["alert"])
+        counts = tls.get(key, {})
+        for alert in sorted(counts):
+            if counts[alert] or alert in TLS_ALERTS_ALWAYS:
+                alerts.add_metric([alert], int(counts[alert]))
+        out.append(alerts)
     return out
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 from migratory import metrics, web
 from migratory.http import HttpError, json_response, parse_request_head, response
 from migratory.logs import JsonLineWriter
+from migratory.server import tlstransport
 from migratory.stats import INDICATORS, NodeStats, buffer_size
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ __all__ = [
     "COUNTERS",
     "DENIAL_REASONS",
     "META_PREFIX",
+    "TLS_FIELDS",
     "Monitor",
     "MonitorConnection",
     "SharedCounters",
@@ -85,6 +87,14 @@ DENIAL_REASONS = (
     "not_ready",
     "reserved_subject",
 )
+TLS_COUNTERS = ("lean_connections", "bad_record_mac", "handshake_failures")
+TLS_FIELDS = (
+    *TLS_COUNTERS,
+    *(f"openssl:{reason}" for reason in tlstransport.FALLBACK_REASONS),
+    *(f"alerts_sent:{alert}" for alert in tlstransport.ALERT_LABELS),
+    *(f"alerts_received:{alert}" for alert in tlstransport.ALERT_LABELS),
+)
+"""The TLS counters of a worker's slot (after its listeners): tlstransport's module-level counters."""
 META_PREFIX = "/migratory/stats/"
 HISTORY_FILE = "stats-history.bin"
 SAVE_EVERY = 60.0
@@ -101,7 +111,7 @@ class SharedCounters:
     def __init__(self, workers: int, listeners: tuple[str, ...] = (), state_folder: str | None = None) -> None:
         self.workers = workers
         self.listeners = listeners
-        self._slot = struct.Struct(f"<{len(COUNTERS) + len(DENIAL_REASONS) + len(listeners)}q")
+        self._slot = struct.Struct(f"<{len(COUNTERS) + len(DENIAL_REASONS) + len(listeners) + len(TLS_FIELDS)}q")
         self._stats_at = _SUPERVISOR.size + self._slot.size * workers
         size = self._stats_at + buffer_size()
         self._map: mmap.mmap | bytearray = mmap.mmap(-1, size) if workers > 1 else bytearray(size)
@@ -148,6 +158,23 @@ class SharedCounters:
     def totals(self) -> dict[str, int]:
         return self.node()[0]
 
+    def tls(self) -> dict[str, Any]:
+        """Node-wide TLS counters: ``lean_connections``, ``bad_record_mac``, ``handshake_failures``,
+        and ``openssl`` (by reason), ``alerts_sent`` and ``alerts_received`` (by alert name)."""
+        offset = len(COUNTERS) + len(DENIAL_REASONS) + len(self.listeners)
+        sums = [0] * len(TLS_FIELDS)
+        for w in range(self.workers):
+            for i, value in enumerate(self.read(w)[offset:]):
+                sums[i] += value
+        out: dict[str, Any] = {"openssl": {}, "alerts_sent": {}, "alerts_received": {}}
+        for field, value in zip(TLS_FIELDS, sums, strict=True):
+            family, _, key = field.partition(":")
+            if key:
+                out[family][key] = value
+            else:
+                out[family] = value
+        return out
+
     def save(self) -> None:
         """Write the statistics history to StateFolder (atomically)."""
         if self.history is None:
@@ -155,6 +182,20 @@ class SharedCounters:
         tmp = self.history.with_suffix(".tmp")
         tmp.write_bytes(self.stats.dump())
         os.replace(tmp, self.history)
+
+
+def tls_values() -> list[int]:
+    """This process's TLS counters (migratory/server/tlstransport.py), in the order of :data:`TLS_FIELDS`."""
+    tables = {
+        "openssl": tlstransport.fallbacks,
+        "alerts_sent": tlstransport.alerts_sent,
+        "alerts_received": tlstransport.alerts_received,
+    }
+    values = []
+    for field in TLS_FIELDS:
+        family, _, key = field.partition(":")
+        values.append(tables[family].get(key, 0) if key else tlstransport.counters.get(family, 0))
+    return values
 
 
 def _process_tree(root: int) -> list[int]:
@@ -215,6 +256,7 @@ class Monitor:
         values = [stats.get(name, 0) for name in COUNTERS]
         values += [self.engine.denied_reasons.get(reason, 0) for reason in DENIAL_REASONS]
         values += [self.engine.listener_connections.get(name, 0) for name in self.shared.listeners]
+        values += tls_values()
         return [v + b for v, b in zip(values, self.base, strict=True)]
 
     def tick(self) -> None:
@@ -301,6 +343,7 @@ class Monitor:
             "totals": totals,
             "denied": denied,
             "listeners": listeners,
+            "tls": self.shared.tls(),
             "indicators": self.node.report(now),
         }
         if self.engine.cluster:
@@ -320,6 +363,7 @@ class Monitor:
             process,
             restarts,
             cluster_document(self.engine) if self.engine.cluster else None,
+            self.shared.tls(),
         )
         return metrics.exposition(families)
 

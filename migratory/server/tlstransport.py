@@ -98,6 +98,16 @@ connection is not read for a while) and :data:`MAX_EMPTY_RECORDS` (OpenSSL's lim
 answers of both sealers, a loopback handshake); if either fails, every listener keeps OpenSSL's
 record layer, said in one WARNING line.
 
+**Counters** (review of issue 31, item 6). Each process counts, in module-level dictionaries (no
+memory per connection): connections taken over (``counters["lean_connections"]``), connections
+left on OpenSSL's record layer by reason (:data:`fallbacks`), alerts the lean record layer sent and
+received by RFC 8446 name (:data:`alerts_sent`, :data:`alerts_received`), records whose AEAD tag
+did not verify (``counters["bad_record_mac"]``) and failed handshakes
+(``counters["handshake_failures"]``). The monitor copies them into the worker's shared slot once a
+second, and ``/metrics`` sums them over the node's workers (``migratory_tls_*``, docs/security.md).
+A record-layer failure (``bad_record_mac``, ``decode_error``, ``record_overflow`` sent) is logged
+at WARNING with the peer, at most once a minute per cause (:data:`WARN_EVERY`), else at DEBUG.
+
 The sequence number of the server's first application record is not guessed:
 the records OpenSSL writes in the call that completes the handshake (its
 ``NewSessionTicket`` messages) are decrypted with the server secret, and only if
@@ -137,9 +147,14 @@ if TYPE_CHECKING:
     from migratory.server._tlsseal import Sealer
 
 __all__ = [
+    "ALERT_LABELS",
+    "ALERT_NAMES",
     "SWEEP_SECONDS",
     "TLSServer",
     "TLSTransport",
+    "alerts_received",
+    "alerts_sent",
+    "counters",
     "enable",
     "fallbacks",
     "lean_verdict",
@@ -224,6 +239,72 @@ FALLBACK_REASONS = {
     "tickets": "OpenSSL's last flight was not the expected session tickets",
 }
 """Why a connection stays on OpenSSL's record layer: the keys of :data:`fallbacks`, and what each means."""
+
+ALERT_NAMES = {
+    0: "close_notify",
+    10: "unexpected_message",
+    20: "bad_record_mac",
+    22: "record_overflow",
+    40: "handshake_failure",
+    42: "bad_certificate",
+    43: "unsupported_certificate",
+    44: "certificate_revoked",
+    45: "certificate_expired",
+    46: "certificate_unknown",
+    47: "illegal_parameter",
+    48: "unknown_ca",
+    49: "access_denied",
+    50: "decode_error",
+    51: "decrypt_error",
+    70: "protocol_version",
+    71: "insufficient_security",
+    80: "internal_error",
+    86: "inappropriate_fallback",
+    90: "user_canceled",
+    109: "missing_extension",
+    110: "unsupported_extension",
+    112: "unrecognized_name",
+    113: "bad_certificate_status_response",
+    115: "unknown_psk_identity",
+    116: "certificate_required",
+    120: "no_application_protocol",
+}
+"""The alert descriptions of RFC 8446 6, by code: the ``alert`` label of the alert counters."""
+ALERT_LABELS = (*ALERT_NAMES.values(), "other")
+"""Every value of the ``alert`` label: an RFC 8446 name, or ``other`` (a code RFC 8446 does not list)."""
+
+counters: dict[str, int] = {"lean_connections": 0, "bad_record_mac": 0, "handshake_failures": 0}
+"""This process's TLS counters since it started (the monitor copies them into the worker's slot):
+``lean_connections``, connections the lean record layer took over; ``bad_record_mac``, records of
+the peer whose AEAD tag did not verify; ``handshake_failures``, handshakes that failed (an error from
+OpenSSL, or ``HandshakeTimeout`` passed)."""
+alerts_sent: dict[str, int] = {}
+"""Alerts the lean record layer sent, by name (:data:`ALERT_LABELS`): on OpenSSL's record layer, OpenSSL sends them."""
+alerts_received: dict[str, int] = {}
+"""Alerts the lean record layer received, by name (:data:`ALERT_LABELS`)."""
+
+WARN_EVERY = 60.0
+"""Seconds between two WARNING lines for one cause of record-layer failure (per process)."""
+_warned: dict[str, list[float]] = {}  # cause -> [monotonic time of the last WARNING, failures not logged since]
+_WARNED_ALERTS = frozenset({_BAD_RECORD_MAC, _DECODE_ERROR, _RECORD_OVERFLOW})
+
+
+def _alert_name(description: int) -> str:
+    return ALERT_NAMES.get(description, "other")
+
+
+def _warn_limited(cause: str, peer: object) -> None:
+    """A record-layer failure: WARNING, at most once per :data:`WARN_EVERY` seconds per cause; DEBUG otherwise."""
+    now = time.monotonic()
+    state = _warned.get(cause)
+    if state is None or now - state[0] >= WARN_EVERY:
+        skipped = int(state[1]) if state is not None else 0
+        _warned[cause] = [now, 0]
+        more = f" ({skipped} more since the last warning)" if skipped else ""
+        log.warning("TLS: record-layer failure from %s: sending %s alert%s", peer, cause, more)
+    else:
+        state[1] += 1
+        log.debug("TLS: record-layer failure from %s: sending %s alert", peer, cause)
 
 
 class _Suite:
@@ -935,6 +1016,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._state = _CLOSING
         if state == _RECORDS:
             self._tcp.write(self._seal(bytes((1, _CLOSE_NOTIFY, _ALERT))))
+            alerts_sent["close_notify"] = alerts_sent.get("close_notify", 0) + 1
         elif state == _OPENSSL and self._ssl is not None:
             with contextlib.suppress(ssl.SSLError):
                 self._ssl.unwrap()
@@ -1068,6 +1150,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._timer = None
         if self._state == _HANDSHAKING:
             log.debug("TLS handshake not completed within HandshakeTimeout: %s", self.get_extra_info("peername"))
+            counters["handshake_failures"] += 1
             self.abort()
 
     def _handshake(self) -> None:
@@ -1083,6 +1166,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         except ssl.SSLError as exc:
             self._flush_openssl()  # the alert that says why
             log.debug("TLS handshake failed: %s", exc)
+            counters["handshake_failures"] += 1
             self._sslp = None
             self._state = _CLOSING
             self._forget_secrets()
@@ -1104,6 +1188,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._ssl = self._incoming = self._outgoing = None  # OpenSSL's state goes now
             self._server._freed += 1
             self._state = _RECORDS
+            counters["lean_connections"] += 1
             if final:
                 self._tcp.write(final)  # type: ignore[union-attr]
             self._made = True
@@ -1346,6 +1431,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             try:
                 inner = dec.decrypt((self._riv ^ seq).to_bytes(12, "big"), body, header)
             except InvalidTag:
+                counters["bad_record_mac"] += 1
                 self._alert(_BAD_RECORD_MAC, plain)
                 return
             self._rseq = seq + 1
@@ -1473,6 +1559,8 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._alert(_DECODE_ERROR, plain)
             return False
         description = content[1]
+        name = _alert_name(description)
+        alerts_received[name] = alerts_received.get(name, 0) + 1
         if description == _USER_CANCELED:
             self._warnings += 1
             if self._warnings >= MAX_WARNING_ALERTS:
@@ -1499,7 +1587,12 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._deliver(plain)
         if self._state != _RECORDS or self._tcp is None:
             return
-        log.debug("TLS: sending alert %d to %s", description, self.get_extra_info("peername"))
+        name = _alert_name(description)
+        alerts_sent[name] = alerts_sent.get(name, 0) + 1
+        if description in _WARNED_ALERTS:
+            _warn_limited(name, self.get_extra_info("peername"))
+        else:
+            log.debug("TLS: sending alert %s to %s", name, self.get_extra_info("peername"))
         self._state = _CLOSING
         self._tcp.write(self._seal(bytes((2, description, _ALERT))))
         self._forget_secrets()
@@ -1694,13 +1787,19 @@ def run_selftests() -> str | None:
             label = f"seal-{name}-{'c' if use_c else 'python'}"
             checks.append((label, lambda name=name, use_c=use_c: _kat_records(server, name, use_c)))  # type: ignore[misc]
     checks.append(("loopback", lambda: _loopback(sealer)))
-    for name, check in checks:
-        try:
-            passed = check()
-        except Exception as exc:  # any failure is one: the lean layer stays off
-            return f"{name} ({type(exc).__name__}: {exc})"
-        if not passed:
-            return name
+    tallies = (dict(counters), dict(alerts_sent), dict(alerts_received))
+    try:
+        for name, check in checks:
+            try:
+                passed = check()
+            except Exception as exc:  # any failure is one: the lean layer stays off
+                return f"{name} ({type(exc).__name__}: {exc})"
+            if not passed:
+                return name
+    finally:
+        for tally, before in zip((counters, alerts_sent, alerts_received), tallies, strict=True):
+            tally.clear()  # what the self-tests' own transports did is not counted
+            tally.update(before)
     return None
 
 
@@ -1901,6 +2000,7 @@ def _loopback(sealer: type[Sealer] | None) -> bool:
     if problem:
         raise RuntimeError(problem)
     counted = dict(fallbacks)
+    tallies = (dict(counters), dict(alerts_sent), dict(alerts_received))
     server = TLSServer(context, _Recorder, 10.0, _CLOCK, lean=False)
     server.lean = True
     server.sealer = sealer
@@ -1970,5 +2070,8 @@ def _loopback(sealer: type[Sealer] | None) -> bool:
         _enabled.pop(id(context), None)
         fallbacks.clear()
         fallbacks.update(counted)
+        for tally, before in zip((counters, alerts_sent, alerts_received), tallies, strict=True):
+            tally.clear()  # the self-test's own connection is not counted
+            tally.update(before)
         server._active.clear()
     return True
