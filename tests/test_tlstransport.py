@@ -437,15 +437,19 @@ def s_client(port: int, pki: dict[str, Path], *args: str, commands: bytes = b"")
     )
     assert proc.stdin is not None and proc.stdout is not None
     out = b""
+    os.set_blocking(proc.stdout.fileno(), False)
     try:
-        if commands:  # s_client takes a whole read as one command: the request comes in a later read
+        if commands:  # s_client takes a whole read as one command: the request goes once it has taken this one
             proc.stdin.write(commands)
             proc.stdin.flush()
-            time.sleep(1.0)
+            deadline = time.monotonic() + 20  # not a fixed sleep: a loaded machine may take longer than that
+            while b"KEYUPDATE" not in out and time.monotonic() < deadline and proc.poll() is None:
+                ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+                if ready:
+                    out += proc.stdout.read() or b""
         proc.stdin.write(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         proc.stdin.flush()
         deadline = time.monotonic() + 20
-        os.set_blocking(proc.stdout.fileno(), False)
         while b'"status":"ok"' not in out and time.monotonic() < deadline and proc.poll() is None:
             ready, _, _ = select.select([proc.stdout], [], [], 0.2)
             if ready:
