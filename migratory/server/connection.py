@@ -186,7 +186,7 @@ class Connection(Session, asyncio.Protocol):
         self.inbuf = b""
         engine = self.engine
         engine.unregister(self)
-        if engine.inflight:
+        if engine.inflight or engine.held:  # held with nothing in flight: waiting for the worker's budget
             engine.forget_session(self)
         if self.connected:
             engine.stats.connections -= 1
