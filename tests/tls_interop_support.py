@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 import pytest
 
 from migratory import protocol
+from migratory.bench.wire import _mask
 from migratory.config import Config
 from migratory.server import tlstransport
 from migratory.server.tlstransport import TLSServer, TLSTransport
@@ -485,16 +486,7 @@ class NativeSession:
         self.buffer += data
 
     def send(self, message: bytes) -> None:
-        mask = os.urandom(4)
-        length = len(message)
-        if length < 126:
-            head = bytes((0x82, 0x80 | length))
-        elif length < 65536:
-            head = struct.pack("!BBH", 0x82, 0x80 | 126, length)
-        else:
-            head = struct.pack("!BBQ", 0x82, 0x80 | 127, length)
-        value = int.from_bytes(message, "little") ^ int.from_bytes((mask * (length // 4 + 1))[:length], "little")
-        self.stream.send(head + mask + value.to_bytes(length, "little"))
+        self.stream.send(_mask(message))  # a masked binary frame, as the benchmark's clients send them
 
     def next_frame(self) -> protocol.ServerFrame:
         while True:
