@@ -402,6 +402,9 @@ def logs_cmd(
 @app.command("failover")
 def failover_cmd(
     rounds: int = typer.Option(1, "--rounds", min=1, help="Rounds per fault."),
+    first: int = typer.Option(
+        1, "--first-round", min=1, help="Number (and seed) of the first round: runs split over processes."
+    ),
     fault: list[str] = typer.Option(
         [], "--fault", help="Faults to inject (repeatable; default: all but partition-member without root)."
     ),
@@ -449,7 +452,7 @@ def failover_cmd(
     results: list[fo.RoundResult] = []
     failed = False
     kinds = [(m, name) for m in modes for name in faults if m == "Guaranteed" or name not in fo.GUARANTEED_ONLY]
-    for n in range(rounds):
+    for n in range(first - 1, first - 1 + rounds):
         for round_mode, name in kinds:
             place = folder / f"round-{n + 1}-{round_mode}-{name}"
             shutil.rmtree(place, ignore_errors=True)
@@ -471,6 +474,8 @@ def failover_cmd(
                 )
                 result.history = str(place)
             results.append(result)
+            if json_out is not None:  # after every round: a long run stopped early keeps what it found
+                _write_failover_json(json_out, fo, results)
             mark = "[green]ok[/]" if result.ok else "[red]VIOLATION[/]"
             _console.print(
                 f"round {n + 1} {round_mode:10} {name:20} {mark} acked {result.acked:5} unacked {result.unacked:3} "
@@ -494,10 +499,21 @@ def failover_cmd(
         _console.print(f"{kind}: {figures}", markup=False)
     _console.print(summary)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        document = {"summary": summary, "by_fault": by_fault, "rounds": [r.as_dict() for r in results]}
-        json_out.write_text(json.dumps(document, indent=1))
+        _write_failover_json(json_out, fo, results)
     raise typer.Exit(1 if failed else 0)
+
+
+def _write_failover_json(path: Path, fo: Any, results: list[Any]) -> None:
+    """Every round so far and their summaries, replaced whole (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "summary": fo.summary(results),
+        "by_fault": fo.summary_by_fault(results),
+        "rounds": [r.as_dict() for r in results],
+    }
+    partial = path.with_suffix(path.suffix + ".part")
+    partial.write_text(json.dumps(document, indent=1))
+    partial.replace(path)
 
 
 @app.command("cluster")
