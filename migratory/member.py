@@ -159,6 +159,8 @@ class Member:
         self.term = 0  # the seed members' Raft term, as this seed's consensus knows it (0 elsewhere)
         self.last_leader_heartbeat = -1e9
         self._leader_fresh = False
+        self._resumed_at: float | None = None  # Guaranteed: a long pause whose view is not confirmed yet
+        self._resume_confirmed: set[int] = set()  # seeds that answered a post-pause heartbeat at our version
         self._next_request = 0
         self._claims: dict[int, _Claim] = {}
         self._pending: dict[int, _Pending] = {}
@@ -277,6 +279,13 @@ class Member:
         if self.s.guaranteed:
             if self._leader_fresh and now - self.last_leader_heartbeat > self.s.heartbeat_timeout:
                 self._leader_fresh = False
+            # Raft's view (leader, quorum) and the table are as old as the pause, and heartbeats that
+            # waited in the sockets look fresh: /health waits for a majority of the seeds to answer a
+            # heartbeat sent after the pause (their echo proves it) without a newer table than ours.
+            self._resumed_at = now
+            self._resume_confirmed = set()
+            self.counters["resumed"] += 1
+            self._resume_settled()  # a lone seed has nobody to ask
         elif self.ready:
             self.counters["resumed"] += 1
             self.started = now  # a full heartbeat timeout to find the others before starting alone
@@ -394,6 +403,8 @@ class Member:
         peer.ready, peer.leader, peer.table_version = beat.ready, beat.leader, beat.table_version
         peer.sees = ()
         peer.their_sent, peer.their_sent_at = beat.sent, now
+        if self._resumed_at is not None:
+            self._confirm_resume(peer.index, beat)
         if beat.echo:
             peer.rtt_ms = max(0.0, now * 1e6 - beat.echo - beat.held) / 1000
         if beat.status:
@@ -646,6 +657,23 @@ class Member:
         if claimed:
             self._claim(claimed, table.members, now)
         self._drain_waiting(now)
+
+    def _confirm_resume(self, member: int, beat: Heartbeat) -> None:
+        """After a long pause, count the seeds whose heartbeat echoes one we sent after it (so it is not a
+        frame that waited in a socket) and whose table is not newer than ours; a majority ends the wait."""
+        assert self._resumed_at is not None
+        if member < self.s.seeds and beat.echo >= int(self._resumed_at * 1e6):
+            if beat.table_version <= self.table.version:
+                self._resume_confirmed.add(member)
+            else:
+                self._resume_confirmed.discard(member)  # ours is stale: set_table() comes first
+        self._resume_settled()
+
+    def _resume_settled(self) -> None:
+        votes = len(self._resume_confirmed) + (1 if self.me < self.s.seeds else 0)
+        if votes > self.s.seeds // 2:
+            self._resumed_at = None
+            self._resume_confirmed = set()
 
     def _dropped(self, now: float) -> None:
         """The table no longer lists us (we were cut off or hung): forget our state and rejoin."""
@@ -961,6 +989,8 @@ class Member:
         ready, reason = self.readiness()
         if not ready or not self.s.guaranteed:
             return ready, reason
+        if self._resumed_at is not None:
+            return False, "resumed after a pause: waiting for the seed members to confirm the current table"
         if not self.quorum:
             return False, "no quorum: a majority of the seed members is not reachable"
         if not self._admits(self.table):

@@ -566,3 +566,34 @@ def test_a_standard_member_does_not_resync_when_a_new_coordinators_state_overtak
     net.run(1)
     for i in range(3):
         assert [c for _, _, c in net.workers[i].delivered[subject]] == [b"m1", b"m2", b"m3"], i
+
+
+def test_a_guaranteed_member_resumed_after_sigstop_is_unhealthy_until_the_seeds_confirm_its_table() -> None:
+    """The fault suite's stop-member round: the resumed member read a leader heartbeat that had waited in
+    its socket since before the pause, took the leader for fresh and its old table for current, and
+    /health said ready; 0.1 s later the table that had left it out arrived and its publications FAILED."""
+    net = started(3, guaranteed=True)
+    hung = net.members[2]
+    leader = net.members[0]
+    net.run(1)
+    stale = b.Heartbeat(0, True, True, True, net.table.version, int(net.now * 1e6), 0, 0, b"{}")
+    old_version = net.table.version
+    net.frozen.add(2)
+    net.run(6)  # the others drop it and commit a table without it
+    assert net.table.version > old_version and 2 not in net.table.members
+    assert hung.table.version == old_version and leader.leader
+    net.thaw(2)
+    hung.on_peer_frame(0, stale, net.now)  # read first after SIGCONT, with the frames that waited
+    assert hung.health() == (False, "resumed after a pause: waiting for the seed members to confirm the current table")
+    assert hung.counters["resumed"] == 1
+    net.run(0.5)
+    net.heal()
+    seen: list[bool] = []
+    for _ in range(100):
+        net.run(0.1)
+        seen.append(hung.health()[0])
+        if seen[-1]:  # healthy only on a table that admits this member as it is now
+            assert hung.table.version == net.table.version and 2 in net.table.members
+    assert seen[-1] and hung.ready
+    first = seen.index(True)
+    assert all(seen[first:]), seen
