@@ -486,7 +486,7 @@ def failover_cmd(
                 failed = True
                 for violation in result.violations[:10]:
                     _console.print(f"  {violation}", markup=False)
-                _console.print(f"  history kept in {result.history}", markup=False)
+                _console.print(f"  history and member logs kept in {result.history or place}", markup=False)
                 if not keep_going:
                     break
             else:
