@@ -13,11 +13,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(RUN_STAMP): pyproject.toml migratory/server/_tlsseal.c | $(BIN)/python
+$(RUN_STAMP): pyproject.toml migratory/server/transport/_tlsseal.c | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(DEV_STAMP): pyproject.toml migratory/server/_tlsseal.c | $(BIN)/python
+$(DEV_STAMP): pyproject.toml migratory/server/transport/_tlsseal.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,spark]'
 	touch $@ $(RUN_STAMP)
 
@@ -43,6 +43,7 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 	$(BIN)/mypy
 	MYPYPATH=cli:spark:. $(BIN)/mypy --strict $(SCRIPT_PY)
+	$(BIN)/lint-imports  # the import rules of migratory/server/__init__.py (pyproject.toml)
 
 deps:
 	bash .ci/deps.sh

@@ -42,7 +42,7 @@ command -v gpg >/dev/null 2>&1 || need+=(gnupg)
 command -v gpgv >/dev/null 2>&1 || need+=(gpgv)
 command -v createrepo_c >/dev/null 2>&1 || need+=(createrepo-c)
 command -v dnf >/dev/null 2>&1 || need+=(dnf)
-# a C compiler and Python's headers build the TLS record sealer (migratory/server/_tlsseal.c): for the
+# a C compiler and Python's headers build the TLS record sealer (migratory/server/transport/_tlsseal.c): for the
 # venv's interpreter (its headers come with it) and for Debian's python3.11 of the DEB/RPM builds
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
 [ -f /usr/include/python3.11/Python.h ] || need+=(libpython3.11-dev)

@@ -155,7 +155,11 @@ def _parse_servers(servers: Iterable[str | tuple[str, float]]) -> list[_Server]:
 
 
 class MigratoryClient:
-    """One logical client of a cluster: reconnects, recovers, deduplicates, and reports status."""
+    """One logical client of a cluster: reconnects, recovers, deduplicates, and reports status.
+
+    Why it is long: it is the library's whole public surface (subscribe, publish, snapshots,
+    failover across a weighted server list), each method a short documented entry point.
+    """
 
     def __init__(
         self,

@@ -300,7 +300,10 @@ def key(
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """Every server parameter, typed, with its default. Built once, never mutated."""
+    """Every server parameter, typed, with its default. Built once, never mutated.
+
+    Why it is long: one declaration per documented configuration key, nothing else.
+    """
 
     listen: tuple[Endpoint, ...] = key(
         "Listen",

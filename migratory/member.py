@@ -1,6 +1,6 @@
 """One cluster member's decisions, without I/O: routing, numbering, replication, failover.
 
-The member's *agent* process (migratory/server/agent.py) feeds this state machine
+The member's *agent* process (migratory/server/cluster/agent.py) feeds this state machine
 what arrives from its peers (the other members' agents) and from its own workers,
 plus a clock tick; the machine answers through a :class:`Wire`. docs/cluster.md
 tells the same story for operators. In short:
@@ -137,7 +137,12 @@ class _Unacked:
 
 
 class Member:
-    """The state machine of one member's agent."""
+    """The state machine of one member's agent.
+
+    Why it is long: failover, joins, numbering and replication decide on the same state (epochs,
+    table, peers, claims, unconfirmed messages); each transition must see all of it, which is what
+    lets tests/test_member.py replay any interleaving without I/O.
+    """
 
     def __init__(self, settings: MemberSettings, wire: Wire, now: float) -> None:
         self.s = settings

@@ -1,6 +1,6 @@
 """Start-up checks: everything ``migratory serve`` would refuse at start, found without starting.
 
-``migratory config check`` and the server's own start (:func:`migratory.server.app.run`) call
+``migratory config check`` and the server's own start (:func:`migratory.server.process.app.run`) call
 the same functions, so a file that passes the check does not fail at start for a reason the
 check could have seen: certificate and key files readable, matching, decrypted by the
 password and valid now; the log and state folders writable by the user the server runs as

@@ -23,8 +23,8 @@ import pytest
 from migratory.bench.cluster import LocalCluster, free_ports
 from migratory.config import Config, ConfigError
 from migratory.preflight import check, check_file
-from migratory.server import consensus
-from migratory.server.consensus import ConsensusBindError, SeedConsensus, consensus_bind_address
+from migratory.server.cluster import consensus
+from migratory.server.cluster.consensus import ConsensusBindError, SeedConsensus, consensus_bind_address
 from tests.test_cluster import free_ports_ok
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +159,7 @@ AGENT_ONLY = """
 import sys
 from migratory import preflight
 from migratory.config import Config
-from migratory.server import app
+from migratory.server.process import app
 
 checked = preflight.check
 

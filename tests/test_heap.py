@@ -1,4 +1,4 @@
-"""migratory.server.heap: freed C-heap memory in the middle of the heap goes back to the system."""
+"""migratory.server.transport.heap: freed C-heap memory in the middle of the heap goes back to the system."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from migratory.server import heap
+from migratory.server.transport import heap
 
 
 def _rss_kb() -> int:

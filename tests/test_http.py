@@ -239,7 +239,7 @@ class _Transport:
 
 
 def _connection(ready: bool = True) -> tuple[Any, MagicMock, _Transport, _Loop]:
-    from migratory.server.connection import Connection
+    from migratory.server.sessions.connection import Connection
 
     engine = MagicMock()
     engine.loop = loop = _Loop()

@@ -433,9 +433,9 @@ def test_system_user(installed: Chroot) -> None:
 
 
 def test_the_packaged_server_seals_tls_records_in_c(installed: Chroot) -> None:
-    """The package's build compiled migratory/server/_tlsseal.c, and it binds to the chroot's libcrypto."""
+    """The package's build compiled migratory/server/transport/_tlsseal.c, and it binds to the chroot's libcrypto."""
     probe = (
-        "from migratory.server.tlstransport import c_sealer\n"
+        "from migratory.server.transport.tls import c_sealer\n"
         "sealer = c_sealer()\n"
         "assert sealer is not None, 'no C sealer'\n"
         "print(len(sealer(bytes(16), bytes(12)).seal(1, b'x\\x17', bytes((23, 3, 3, 0, 18)))))\n"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from migratory.server import pauses
+from migratory.server.node import pauses
 
 
 @pytest.fixture(autouse=True)

@@ -15,14 +15,14 @@ from collections.abc import Callable
 
 import pytest
 
-from migratory.server import priority
+from migratory.server.node import priority
 
 PR_CAPBSET_DROP = 24  # <linux/prctl.h>
 CAP_SYS_NICE = 23  # <linux/capability.h>
 PROBE = (
     "import logging, os, sys\n"
     "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
-    "from migratory.server.priority import precede\n"
+    "from migratory.server.node.priority import precede\n"
     "print('result', precede('member agent'), os.getpriority(os.PRIO_PROCESS, 0))\n"
 )
 

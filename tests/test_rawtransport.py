@@ -1,4 +1,4 @@
-"""The epoll transport of plain listeners (migratory/server/rawtransport.py), over real sockets."""
+"""The epoll transport of plain listeners (migratory/server/transport/raw.py), over real sockets."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from migratory.server import rawtransport as rt
+from migratory.server.transport import raw as rt
 
 pytestmark = pytest.mark.skipif(not rt.available(), reason="epoll is Linux's")
 

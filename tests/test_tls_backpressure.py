@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
-from migratory.server import rawtransport, tlstransport
-from migratory.server.tlstransport import SUITES, TLSServer, TLSTransport
+from migratory.server.transport import raw as rawtransport
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import SUITES, TLSServer, TLSTransport
 from tests.conftest import ServerProcess
 from tests.test_tls_review import UNEXPECTED_MESSAGE, assert_fatal_alert, lean_pair
 from tests.test_tlstransport import App, FakeTCP, Pair, client_context, pki, server_context, tls_server_process

@@ -69,7 +69,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from migratory.server.tlstransport import SUITES, TLSServer
+from migratory.server.transport.tls import SUITES, TLSServer
 from tests.test_tlstransport import App, pki, server_context
 from tests.tls_fuzz_support import (
     AFTER,

@@ -2,9 +2,9 @@
 
 Two independent TLS 1.3 clients: tlslite-ng (pure Python, none of OpenSSL's code) and
 ``openssl s_client`` (its own process, driven through stdin and stdout). Against the real server
-code (``migratory.server.app.serve`` on a thread of this process, :class:`tests.tls_interop_support.LiveServer`:
+code (``migratory.server.process.app.serve`` on a thread of this process, :class:`tests.tls_interop_support.LiveServer`:
 Engine, Connection, the TLS listener on the worker's epoll transport, the context of
-``migratory.tls.build_context``), each test exchanges real application data: a WebSocket upgrade
+``migratory.server.transport.context.build_context``), each test exchanges real application data: a WebSocket upgrade
 then a native CONNECT, SUBSCRIBE, PUBLISH and the MESSAGE back (or a ``GET /health``), and checks
 which record layer carried it: the server's transport for that connection (``lean``), what it
 negotiated (suite, resumption), the KeyUpdates it followed and sent, and
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from migratory.server import tlstransport
-from migratory.server.tlstransport import SUITES
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import SUITES
 from tests.test_tlstransport import pki
 from tests.tls_interop_support import (
     HRR_RANDOM,

@@ -15,8 +15,8 @@ from migratory.certs import issue_server_cert
 from migratory.client import MigratoryClient
 from migratory.config import Config, ConfigError
 from migratory.protocol import Status
-from migratory.server import tlstransport
-from migratory.server.tlstransport import TLSServer
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import TLSServer
 from tests.conftest import ServerProcess
 from tests.test_tls import new_certificate_served, peer_serial
 from tests.test_tlstransport import App, Pair, client_context, pki, server_context, tls_server_process

@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from migratory.certs import create_ca, issue_server_cert
 from migratory.client import MigratoryClient
 from migratory.metrics import node_families, tls_families
-from migratory.server import tlstransport
-from migratory.server.monitor import TLS_FIELDS, SharedCounters, tls_values
+from migratory.server.node.counters import TLS_FIELDS, SharedCounters, tls_values
+from migratory.server.transport import tls as tlstransport
 from tests.conftest import ServerProcess, free_port
 
 

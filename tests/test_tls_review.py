@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from migratory.server import tlstransport
-from migratory.server.tlstransport import TLSServer, TLSTransport
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import TLSServer, TLSTransport
 from tests.conftest import ServerProcess
 from tests.test_tlstransport import App, Pair, client_context, loop, pki, server_context, tls_server, tls_server_process
 

@@ -1,4 +1,4 @@
-"""Known answers for the lean TLS record layer (migratory/server/tlstransport.py), without OpenSSL.
+"""Known answers for the lean TLS record layer (migratory/server/transport/tls.py), without OpenSSL.
 
 The vectors are RFC 8448 ("Example Handshake Traces for TLS 1.3"), section 3 "Simple 1-RTT
 Handshake" (TLS_AES_128_GCM_SHA256): the two application traffic secrets, the write keys and
@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from migratory.server import tlstransport
-from migratory.server.tlstransport import SUITES, TLSServer, TLSTransport, expand_label
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import SUITES, TLSServer, TLSTransport, expand_label
 from tests.test_tlstransport import FakeTCP as TCP
 
 SUITE = SUITES["TLS_AES_128_GCM_SHA256"]

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from migratory.server import tlstransport
-from migratory.server._tlsseal import Sealer
-from migratory.server.tlstransport import SUITES, TLSServer, TLSTransport
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport._tlsseal import Sealer
+from migratory.server.transport.tls import SUITES, TLSServer, TLSTransport
 from tests.test_tls_review import lean_pair, with_max_fragment_length_512
 from tests.test_tlstransport import App, Pair, client_context, pki, server_context
 

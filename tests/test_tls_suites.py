@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from migratory.config import Config
-from migratory.server import tlstransport
-from migratory.server.tlstransport import (
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.context import build_context
+from migratory.server.transport.tls import (
     OPENSSL_TLS13_SUITES,
     PREFERRED_TLS13_SUITES,
     prefer_aes128,
     tls13_suites,
 )
-from migratory.tls import build_context
 from tests.test_tlstransport import client_context, pki
 
 __all__ = ["pki"]  # the module-scoped certificate fixture, shared with test_tlstransport

@@ -1,4 +1,4 @@
-"""The C record sealer (migratory/server/_tlsseal.c): the same records as ``cryptography``, and its socket write.
+"""The C record sealer (migratory/server/transport/_tlsseal.c): the records of ``cryptography``, and its write.
 
 CI builds it (``pip install -e .`` with a C compiler); a missing build fails here rather than
 leaving every wss:// delivery on the slower Python seal unnoticed.
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from migratory.server import rawtransport
-from migratory.server._tlsseal import Sealer
-from migratory.server.tlstransport import TLSServer, TLSTransport, c_sealer
+from migratory.server.transport import raw as rawtransport
+from migratory.server.transport._tlsseal import Sealer
+from migratory.server.transport.tls import TLSServer, TLSTransport, c_sealer
 from tests.test_tlstransport import App, client_context, pki, server_context
 
 __all__ = ["pki"]  # the module-scoped fixture, shared with test_tlstransport.py

@@ -1,4 +1,4 @@
-"""The lean TLS transport (migratory/server/tlstransport.py): in-process against OpenSSL clients, and end to end.
+"""The lean TLS transport (migratory/server/transport/tls.py): in-process against OpenSSL clients, and end to end.
 
 In-process tests drive a :class:`TLSTransport` over a fake TCP transport with a real
 OpenSSL client (``ssl.SSLObject`` over memory BIOs), so every byte and state can be
@@ -29,8 +29,8 @@ import pytest
 from migratory.certs import create_ca, issue_server_cert
 from migratory.client import MigratoryClient
 from migratory.protocol import Status
-from migratory.server import tlstransport
-from migratory.server.tlstransport import SUITES, TLSServer, TLSTransport, enable, expand_label
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import SUITES, TLSServer, TLSTransport, enable, expand_label
 from tests.conftest import ServerProcess, free_port
 from tests.test_tls import new_certificate_served, peer_serial
 
@@ -178,7 +178,7 @@ def tls_server(pki: dict[str, Path], loop: asyncio.AbstractEventLoop, request: p
     if request.param == "python-sealer":
         server.sealer = None
     else:
-        assert server.sealer is not None, "the C record sealer (migratory/server/_tlsseal.c) was not built"
+        assert server.sealer is not None, "the C record sealer (migratory/server/transport/_tlsseal.c) was not built"
     return server
 
 
@@ -504,7 +504,7 @@ def test_a_sweep_after_many_handshakes_gives_the_heap_back(
 
 def test_tls_records_ride_on_the_workers_epoll_set(pki: dict[str, Path]) -> None:
     """LeanTransport: a TLS connection sits on a RawTransport (no event-loop transport under it), both ways."""
-    from migratory.server import rawtransport
+    from migratory.server.transport import raw as rawtransport
 
     apps: list[App] = []
 

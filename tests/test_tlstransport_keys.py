@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from migratory.server import tlstransport
-from migratory.server.tlstransport import TLSServer, TLSTransport, expand_label
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import TLSServer, TLSTransport, expand_label
 from tests.test_tlstransport import Pair, client_context, loop, pki, tls_server
 
 __all__ = ["loop", "pki", "tls_server"]  # fixtures shared with test_tlstransport

@@ -1,6 +1,6 @@
 """Run under AddressSanitizer and UBSan by tests/test_tls_fuzz.py: ``python -m tests.tls_asan_check BUILD_DIR``.
 
-BUILD_DIR holds ``_tlsseal`` (migratory/server/_tlsseal.c) built with ``-fsanitize=address,undefined``;
+BUILD_DIR holds ``_tlsseal`` (migratory/server/transport/_tlsseal.c) built with ``-fsanitize=address,undefined``;
 this process has libasan preloaded. The sanitized sealer is bound to the same libcrypto as the
 installed one (the EVP addresses ``tlstransport`` resolves through ``_ssl``), then:
 
@@ -34,7 +34,7 @@ def main(build_dir: str) -> int:
     import _tlsseal  # the sanitized build, by its own name (PyInit__tlsseal)
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from migratory.server import tlstransport
+    from migratory.server.transport import tls as tlstransport
 
     assert os.path.dirname(os.path.abspath(_tlsseal.__file__)) == os.path.abspath(build_dir), _tlsseal.__file__
     try:

@@ -16,8 +16,8 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from migratory.server import tlstransport
-from migratory.server.tlstransport import SUITES, TLSServer
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import SUITES, TLSServer
 from tests.test_tlstransport import Pair
 
 APPLICATION_DATA, ALERT, HANDSHAKE, CHANGE_CIPHER_SPEC = 23, 21, 22, 20

@@ -1,9 +1,9 @@
 """What tests/test_tls_interop.py needs: the real server in this process, and clients that are not Python's ``ssl``.
 
-* :class:`LiveServer`: ``migratory.server.app.serve`` (the worker's own code: Engine, Connection,
+* :class:`LiveServer`: ``migratory.server.process.app.serve`` (the worker's own code: Engine, Connection,
   the TLS listener on the worker's epoll transport) on a thread with its own uvloop, on a
-  context from ``migratory.tls.build_context``, as ``migratory serve`` runs it, so the test can see
-  every :class:`~migratory.server.tlstransport.TLSTransport` it made (:class:`Seen`) and the
+  context from ``migratory.server.transport.context.build_context``, as ``migratory serve`` runs it, so the test can see
+  every :class:`~migratory.server.transport.tls.TLSTransport` it made (:class:`Seen`) and the
   process-wide ``tlstransport.fallbacks`` counters;
 * :class:`TlsliteClient` (tlslite-ng, pure Python TLS 1.3) and :class:`SClient` (``openssl s_client``,
   driven through its stdin and stdout), both offering ``send``/``recv``;
@@ -35,8 +35,8 @@ import pytest
 from migratory import protocol
 from migratory.bench.wire import _mask
 from migratory.config import Config
-from migratory.server import tlstransport
-from migratory.server.tlstransport import TLSServer, TLSTransport
+from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import TLSServer, TLSTransport
 
 HRR_RANDOM = bytes.fromhex("cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c")
 """The ServerHello.random of a HelloRetryRequest (RFC 8446 4.1.3)."""
@@ -131,7 +131,7 @@ class Observer:
 
 
 class LiveServer:
-    """``serve()`` of migratory.server.app on a thread: one worker, a ``ListenEncrypted`` listener.
+    """``serve()`` of migratory.server.process.app on a thread: one worker, a ``ListenEncrypted`` listener.
 
     ``context_hook`` may change the TLS context after ``build_context`` (e.g. its groups).
     """
@@ -144,8 +144,8 @@ class LiveServer:
         extra: dict[str, str] | None = None,
         context_hook: Callable[[ssl.SSLContext], None] | None = None,
     ) -> None:
-        from migratory.server.app import bind_socket
-        from migratory.tls import build_context
+        from migratory.server.process.app import bind_socket
+        from migratory.server.transport.context import build_context
 
         for sub in ("logs", "state"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
@@ -194,7 +194,7 @@ class LiveServer:
         raise TimeoutError("the live server does not answer")
 
     def _run(self) -> None:
-        from migratory.server.app import serve
+        from migratory.server.process.app import serve
 
         loop: asyncio.AbstractEventLoop
         try:

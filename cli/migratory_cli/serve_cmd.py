@@ -23,7 +23,7 @@ def serve(
 
     SIGTERM or SIGINT shut it down cleanly; SIGHUP reloads the TLS certificate.
     """
-    from migratory.server.app import run
+    from migratory.server.process.app import run
 
     cfg = load_or_exit(config)
     raise typer.Exit(run(cfg, config_path=str(config)))

@@ -2,7 +2,7 @@
 
 ``python -m migratory.bench.tlsprobe --clients 4000,8000`` starts, for each mode, a
 minimal server (a slotted ``asyncio.Protocol`` that answers a WebSocket upgrade and
-then stays idle, as :class:`migratory.server.connection.Connection` does), connects
+then stays idle, as :class:`migratory.server.sessions.connection.Connection` does), connects
 the first number of TLS 1.3 clients (the kit's loaders, several processes and source
 addresses), measures the server's PSS, connects more up to the second number,
 measures again, and prints the PSS slope between the two (bytes per connection) and
@@ -17,9 +17,9 @@ the server's CPU per handshake. Modes:
 ``uvloop-keep-buffers``
     ``uvloop`` with ``SSL_MODE_RELEASE_BUFFERS`` cleared (CPython sets it on every context);
 ``memorybio``
-    :mod:`migratory.server.tlstransport` keeping OpenSSL's ``SSLObject`` for the records;
+    :mod:`migratory.server.transport.tls` keeping OpenSSL's ``SSLObject`` for the records;
 ``lean``
-    :mod:`migratory.server.tlstransport` as the server runs it (OpenSSL for the handshake only).
+    :mod:`migratory.server.transport.tls` as the server runs it (OpenSSL for the handshake only).
 
 ``python -m migratory.bench.tlsprobe --heap`` measures the heap (``mallinfo2``) of the
 pieces in-process instead: an ``SSLObject`` with its two ``MemoryBIO`` before and after
@@ -80,7 +80,7 @@ class _Idle(asyncio.Protocol):
 
 def _set_release_buffers(context: ssl.SSLContext, on: bool) -> int:
     """Set or clear SSL_MODE_RELEASE_BUFFERS on the context's SSL_CTX; return the mode after."""
-    from migratory.server.tlstransport import _libssl, ssl_ctx_pointer
+    from migratory.server.transport.tls import _libssl, ssl_ctx_pointer
 
     lib = _libssl()
     pointer = ssl_ctx_pointer(context, lib) if lib is not None else None
@@ -109,7 +109,7 @@ async def _serve(mode: str, host: str, port: int, cert: str, key: str) -> None:
     if mode == "uvloop-keep-buffers":
         _set_release_buffers(context, False)
     if mode in ("memorybio", "lean"):
-        from migratory.server.tlstransport import TLSServer
+        from migratory.server.transport.tls import TLSServer
 
         tls_server = TLSServer(context, _Idle, 10.0, loop)
         tls_server.lean = mode == "lean"
@@ -305,7 +305,7 @@ def heap_report(count: int = 2000) -> dict[str, float]:
     _set_release_buffers(server, True)
     measure("cryptography AESGCM (128-bit key)", lambda: AESGCM(os.urandom(16)))
     measure("cryptography ChaCha20Poly1305", lambda: ChaCha20Poly1305(os.urandom(32)))
-    from migratory.server.tlstransport import TLSServer, TLSTransport, c_sealer
+    from migratory.server.transport.tls import TLSServer, TLSTransport, c_sealer
 
     sealer = c_sealer()
     if sealer is not None:
@@ -329,7 +329,7 @@ def seal_report(connections: int = 4000, rounds: int = 7, passes: int = 10) -> d
     """
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from migratory.server.tlstransport import c_sealer
+    from migratory.server.transport.tls import c_sealer
 
     sealer = c_sealer()
     keys = [os.urandom(16) for _ in range(connections)]

@@ -2,7 +2,7 @@
 
 ``/migratory.js`` is clients/js/migratory.js (the same file, linked here so the
 package carries it); ``/demo`` is the demo page of the client listeners;
-``/dashboard`` the live page of the monitor listener (migratory/server/monitor.py).
+``/dashboard`` the live page of the monitor listener (migratory/server/process/monitor.py).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 The supervisor forks it beside the workers when ``ClusterMembers`` is set. It is the
 hub of the node's bus (every worker links to it and to nothing else) and holds the
-member's links to the other members' agents (migratory/server/members.py). All its
+member's links to the other members' agents (migratory/server/cluster/links.py). All its
 decisions are made by the sans-I/O :class:`~migratory.member.Member`; this module
 only moves frames and time to it and from it, and, in Guaranteed mode, runs the seed
-members' consensus (migratory/server/consensus.py) on a seed.
+members' consensus (migratory/server/cluster/consensus.py) on a seed.
 
 Workers learn from it whether the member is ready (``ClusterInfo``) and its view of
 the cluster, which they serve on ``/health`` and the monitor's ``/cluster``.
@@ -26,9 +26,9 @@ from typing import Any
 from migratory import bus as b
 from migratory.config import Config, DeliveryMode
 from migratory.member import Member, MemberSettings
-from migratory.server.bus import Bus
-from migratory.server.members import MemberLinks
-from migratory.server.monitor import SharedCounters
+from migratory.server.cluster.links import MemberLinks
+from migratory.server.node.bus import Bus
+from migratory.server.node.counters import SharedCounters
 
 __all__ = ["serve_agent"]
 
@@ -203,7 +203,7 @@ async def serve_agent(
     machine.links_problem = links_problem
     consensus = None
     if guaranteed and config.member_index < config.seed_count:
-        from migratory.server.consensus import SeedConsensus
+        from migratory.server.cluster.consensus import SeedConsensus
 
         consensus = SeedConsensus(config)
     await bus.start()

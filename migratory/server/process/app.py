@@ -3,7 +3,7 @@
 With one worker and no cluster the server is a single process. Otherwise this
 process is a supervisor in the manner of nginx and gunicorn: it binds every listener
 once (``SO_REUSEPORT``, one socket per worker so the kernel spreads connections),
-forks the workers (and, in a cluster, the member agent, migratory/server/agent.py),
+forks the workers (and, in a cluster, the member agent, migratory/server/cluster/agent.py),
 restarts any child that dies, forwards SIGTERM/SIGINT (clean shutdown) and SIGHUP,
 and never touches client traffic itself.
 """
@@ -30,13 +30,15 @@ from migratory.certs import CertError
 from migratory.config import Config, Endpoint
 from migratory.logs import JsonLineHandler, JsonLineWriter
 from migratory.privileges import PrivilegeError, drop_privileges
-from migratory.server import pauses, priority, rawtransport
-from migratory.server.agent import serve_agent
-from migratory.server.bus import Bus
-from migratory.server.connection import Connection
-from migratory.server.engine import Engine
-from migratory.server.monitor import Monitor, MonitorConnection, SharedCounters
-from migratory.tls import build_context, reload_context
+from migratory.server.cluster.agent import serve_agent
+from migratory.server.engine.core import Engine
+from migratory.server.node import pauses, priority
+from migratory.server.node.bus import Bus
+from migratory.server.node.counters import SharedCounters
+from migratory.server.process.monitor import Monitor, MonitorConnection
+from migratory.server.sessions.connection import Connection
+from migratory.server.transport import raw as rawtransport
+from migratory.server.transport.context import build_context, reload_context
 
 __all__ = ["Listener", "bind_socket", "next_epoch", "run", "serve"]
 
@@ -188,7 +190,7 @@ async def serve(
         listener = str(endpoint)
         if scheme == "wss":
             # wss:// and https://: OpenSSL for the handshake, then the lean record layer (bench/tls.md)
-            from migratory.server.tlstransport import TLSServer
+            from migratory.server.transport.tls import TLSServer
 
             assert tls is not None
             tls_server = TLSServer(

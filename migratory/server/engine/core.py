@@ -22,11 +22,7 @@ one timer per active conflation period drains its buffer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import hashlib
-import hmac
-import inspect
 import json
 import logging
 import os
@@ -35,8 +31,7 @@ import secrets
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from migratory.bus import (
     BusFrame,
@@ -51,15 +46,20 @@ from migratory.bus import (
     sync_frames,
 )
 from migratory.config import Config
-from migratory.conflation import ConflationBuffer, next_boundary, round_conflation
-from migratory.entitlement import AddressList, CustomEntitlement, Decision, Entitlement, build_entitlement
+from migratory.conflation import round_conflation
+from migratory.entitlement import AddressList, CustomEntitlement, Decision, build_entitlement
 from migratory.logs import JsonLineWriter
 from migratory.message import Message, QoS
 from migratory.protocol import NotifyCode, Status, encode_delivery, encode_notify
 from migratory.replica import Applied, Entry, RecoveryKind, Replica
+from migratory.server.engine.admission import Authorizer, ConnectionRate, Gatekeeper, InOrder, custom_decision
+from migratory.server.engine.fanout import FanOut
+from migratory.server.engine.forwards import Forwards
+from migratory.server.engine.streams import StreamRegistry
+from migratory.server.engine.timers import TimerWheel
+from migratory.server.engine.types import Client, Origin, Publisher, PublishResult, Reply, Stats
 from migratory.subjects import InvalidSubject, check_subject
 from migratory.subscriptions import (
-    SubscriptionIndex,
     subject_set_add,
     subject_set_contains,
     subject_set_items,
@@ -69,45 +69,15 @@ from migratory.subscriptions import (
 from migratory.websocket import OP_BINARY, build_frame
 
 if TYPE_CHECKING:
-    from migratory.server.bus import Bus
-    from migratory.server.connection import Connection
-    from migratory.server.session import Session
+    from migratory.server.node.bus import Bus
 
-__all__ = ["Authorizer", "Engine", "Origin", "PublishResult", "Stats"]
+__all__ = ["Authorizer", "Engine", "Origin", "PublishResult", "Reply", "Stats"]
 
 log = logging.getLogger("migratory.server")
 
 
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """Who sent a request, for entitlement decisions and logs."""
-
-    addr: str
-    port: int
-    session: str
-    protocol: str
-    token: str = ""
-    listener: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PublishResult:
-    status: Status
-    reason: str = ""
-    reason_code: str = ""
-    recipients: int = 0
-    seq: int = 0
-    epoch: int = 0
-
-
-Reply = Callable[["PublishResult"], None]
 RESERVED_PREFIX = "/migratory/"
 INTERNAL = Origin("127.0.0.1", 0, "server", "internal")
-CUSTOM_ENTITLEMENT_TIMEOUT = 5.0
-FORWARD_TIMEOUT = 8.0  # the member agent answers within 6 s, the client library waits 10 s
-FORWARD_GIVE_UP = 30.0  # s a live agent's late answer is waited for (it answers within 6 s of reading)
-MAX_INFLIGHT_PER_CONNECTION = 256  # publications one connection may have unanswered before it is not read
-WORKER_FORWARD_BUDGET = 2000  # publications unanswered by coordinators, per worker, before publishers are held
 WORKER_PAUSE = 2.5  # s since the one-second tick after which a worker knows it did not run (and says not ready)
 AGENT_SILENCE = 3.5  # s without the agent's ClusterInfo (sent every second) before a member worker stops taking clients
 
@@ -123,57 +93,14 @@ def _bus_message(frame: Forward) -> Message:
     return Message(frame.subject, frame.content, frame.fields, frame.retained, qos, publish_id=frame.publish_id)
 
 
-class Authorizer(Protocol):
-    """Entitlement hook: return ``None`` to allow, or ``(reason_code, reason)`` to deny."""
-
-    def check_subscribe(self, origin: Origin, subject: str) -> tuple[str, str] | None: ...
-
-    def check_publish(self, origin: Origin, subject: str) -> tuple[str, str] | None: ...
-
-
-class Gatekeeper:
-    """The configured entitlement plus the publish address list, for every interface."""
-
-    def __init__(self, entitlement: Entitlement, addresses: AddressList) -> None:
-        self.entitlement = entitlement
-        self.addresses = addresses
-
-    def check_subscribe(self, origin: Origin, subject: str) -> tuple[str, str] | None:
-        return self.entitlement.check_subscribe(origin.token, subject, origin.addr)
-
-    def check_publish(self, origin: Origin, subject: str) -> tuple[str, str] | None:
-        if not self.addresses.allows(origin.addr):
-            return ("address_not_allowed", f"{origin.addr} is not in PublishAllowFromAddressList")
-        return self.entitlement.check_publish(origin.token, subject, origin.addr)
-
-
-@dataclass(slots=True)
-class Stats:
-    """Counters since start; read by /health and the benchmarks."""
-
-    connections: int = 0
-    connections_total: int = 0
-    disconnections_total: int = 0
-    messages_in: int = 0
-    messages_out: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    slow_consumers_disconnected: int = 0
-    messages_dropped: int = 0
-    denied: int = 0
-    messages_recovered: int = 0
-    resyncs: int = 0
-    timer_errors: int = 0
-    subscriptions: int = 0
-    subjects: int = 0
-    snapshots: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
-
 class Engine:
-    """Everything one server process decides, driven by its connections and timers."""
+    """Everything one server process decides, driven by its connections and timers.
+
+    Why it is still long: it keeps the paths that share the worker's replica, subscription
+    index, counters and bus (subscribe, publish and sequencing, the bus conversation with the
+    other workers and the agent, readiness); the parts that stand alone are modules of this
+    package (fan-out, timer wheel, streams, admission, forwards) and it only ties them.
+    """
 
     def __init__(
         self,
@@ -191,12 +118,9 @@ class Engine:
         self.workers = workers
         self.bus: Bus | None = None
         self.peer_interest: dict[str, dict[int, int]] = {}
-        self._forwards: dict[int, tuple[Reply, float, float]] = {}  # request -> reply, deadline, give up at
-        # Backpressure: a publisher is not read while it has MAX_INFLIGHT_PER_CONNECTION publications unanswered,
-        # or while this worker waits for WORKER_FORWARD_BUDGET answers; TCP then slows it down (no FAILED)
-        self.inflight: dict[Session, int] = {}
-        self.held: dict[Session, list[Any]] = {}  # sessions not read, with what they sent that waits
-        self._forward_ids = 0
+        self.forwards = Forwards()
+        self.inflight = self.forwards.inflight  # read by the connections (backpressure)
+        self.held = self.forwards.held
         # server-given publish ids must be unique in the whole cluster: session names repeat across members
         # (every fresh member's first session is "1-0-1"), and an id seen twice is numbered once
         self._id_prefix = secrets.token_hex(8)
@@ -213,9 +137,15 @@ class Engine:
             config.max_cached_messages_per_subject if guaranteed else 0, float(config.cache_expire_time)
         )
         self._partial: dict[tuple[int, str], list[Entry]] = {}
-        self.index: SubscriptionIndex[Connection] = SubscriptionIndex()
-        self.connections: set[Connection] = set()
+        self.connections: set[Client] = set()
         self.stats = Stats()
+        self.batching_time = config.batching_time / 1000.0
+        self.fanout = FanOut(loop, self.stats, self.snapshot_frame, self.batching_time)
+        self.index = self.fanout.index
+        self.wheel = TimerWheel()
+        self.stream_registry = StreamRegistry(worker)
+        self.streams = self.stream_registry.streams
+        self.rate = ConnectionRate(config.max_connection_rate_per_address)
         self.entitlement = build_entitlement(
             config.entitlement,
             config.entitlement_allow_token,
@@ -226,34 +156,23 @@ class Engine:
         self.gatekeeper = Gatekeeper(self.entitlement, AddressList(config.publish_allow_from))
         self.authorizer: Authorizer = self.gatekeeper
         self.async_entitlement = isinstance(self.entitlement, CustomEntitlement) and self.entitlement.is_async
-        self._chains: dict[str, asyncio.Task[None]] = {}
-        self._rates: dict[str, tuple[float, float]] = {}
+        self._in_order = InOrder(loop)
         self.access_log = access_log
         self.message_log = message_log
         self.max_message_size = config.message_size_limit
-        self.batching_time = config.batching_time / 1000.0
         self.batching_size = config.batching_size
         self.max_pending = config.max_pending_output
         self.drop_slow = config.slow_consumer_policy.value == "Drop"
         self._sessions = 0
         # a restarted worker keeps its index but must not reuse its predecessor's session ids
         self._session_prefix = f"{epoch}-{worker}." + str(incarnation) if incarnation else f"{epoch}-{worker}"
-        self._dirty: list[Connection] = []
-        self._flush_armed = False
-        self._batch_dirty: list[Connection] = []
-        self._batch_armed = False
-        self._conflation: dict[int, ConflationBuffer] = {}
-        self._conflation_armed: set[int] = set()
         self._snapshot_frames: dict[str, tuple[int, bytes]] = {}
-        self._wheel: dict[int, set[Connection]] = {}
         self._tick: asyncio.TimerHandle | None = None
         self._timer_error_logged: dict[str, float] = {}
         self._closed = False
         self.on_tick: list[Callable[[], None]] = []
         self.denied_reasons: dict[str, int] = {}
         self._interest_dirty: set[str] = set()
-        self.streams: dict[int, Connection] = {}  # HTTP streams of this process, by connection number
-        self._stream_secret = secrets.token_bytes(16)
         self.listener_connections: dict[str, int] = {}
 
     # --- lifecycle ------------------------------------------------------------------
@@ -270,31 +189,19 @@ class Engine:
     def session_name(self, number: int) -> str:
         return f"{self._session_prefix}-{number}"
 
-    def register(self, conn: Connection) -> None:
+    def register(self, conn: Client) -> None:
         self.connections.add(conn)
 
     def admit(self, address: str, now: float) -> bool:
         """Token bucket per client address (``MaxConnectionsPerSecondPerAddress``)."""
-        rate = self.config.max_connection_rate_per_address
-        if not rate:
-            return True
-        tokens, last = self._rates.get(address, (2.0 * rate, now))
-        tokens = min(2.0 * rate, tokens + (now - last) * rate)
-        if tokens < 1.0:
-            self._rates[address] = (tokens, now)
-            return False
-        self._rates[address] = (tokens - 1.0, now)
-        if len(self._rates) > 100_000:  # forget idle addresses (full buckets)
-            self._rates = {a: v for a, v in self._rates.items() if now - v[1] < 2.0}
-        return True
+        return self.rate.admit(address, now)
 
-    def unregister(self, conn: Connection) -> None:
+    def unregister(self, conn: Client) -> None:
         """Forget a closed connection, its timer and its subscriptions."""
         self.connections.discard(conn)
-        if self.streams.get(conn.sid) is conn:
-            del self.streams[conn.sid]
+        self.stream_registry.forget(conn)
         if conn.wheel_at:
-            self._unschedule(conn)
+            self.wheel.unschedule(conn)
         subjects = subject_set_items(conn.subscriptions)
         conn.subscriptions = ()
         self.stats.subscriptions -= len(subjects)
@@ -321,83 +228,34 @@ class Engine:
 
     # --- HTTP streams -----------------------------------------------------------------
 
-    def _stream_tag(self, sid: int) -> str:
-        return hmac.new(self._stream_secret, str(sid).encode(), hashlib.sha256).hexdigest()[:24]
-
-    def open_stream(self, conn: Connection) -> str:
+    def open_stream(self, conn: Client) -> str:
         """Register an HTTP stream; its id names this worker and is unguessable (it lets one act as the client)."""
-        self.streams[conn.sid] = conn
-        return f"w{self.worker}.{conn.sid}.{self._stream_tag(conn.sid)}"
+        return self.stream_registry.open(conn)
 
     def stream_input(self, stream: str, payload: bytes) -> bool:
         """A POSTed native message for stream ``stream``: feed it here, or relay it to the worker that holds it."""
-        worker_text, _, rest = stream.partition(".")
-        sid_text, _, tag = rest.partition(".")
-        if not (worker_text.startswith("w") and worker_text[1:].isdigit() and sid_text.isdigit()):
+        worker = StreamRegistry.worker_of(stream)
+        if worker is None:
             return False
-        worker = int(worker_text[1:])
         if worker != self.worker:
             if self.bus is None or worker >= self.workers:
                 return False
             target = self.agent if self.cluster else worker
             return self.bus.send(target, Relay(worker, stream, payload))
-        sid = int(sid_text)
-        conn = self.streams.get(sid)
-        if conn is None or not hmac.compare_digest(tag, self._stream_tag(sid)):
-            return False
-        conn.stream_input(payload)  # type: ignore[attr-defined]
-        return True
+        return self.stream_registry.input(stream, payload)
 
-    # --- output scheduling ----------------------------------------------------------
+    # --- output scheduling and timers -------------------------------------------------
 
-    # Connection.send registers a connection with output pending in ``_dirty`` itself
-    # (inlined: it runs once per delivery); flush_dirty writes them at the end of the turn.
-
-    def mark_batch(self, conn: Connection) -> None:
+    def mark_batch(self, conn: Client) -> None:
         """With BatchingTime: the connection's output waits for the shared batching timer."""
-        self._batch_dirty.append(conn)
-        if not self._batch_armed:
-            self._batch_armed = True
-            self.loop.call_later(self.batching_time, self._flush_batches)
+        self.fanout.mark_batch(conn)
 
     def flush_dirty(self) -> None:
-        self._flush_armed = False
-        dirty = self._dirty
-        self._dirty = []
-        for conn in dirty:
-            conn.flush()
+        self.fanout.flush_dirty()
 
-    def _flush_batches(self) -> None:
-        self._batch_armed = False
-        dirty = self._batch_dirty
-        self._batch_dirty = []
-        for conn in dirty:
-            conn.flush()
-
-    # --- timers ---------------------------------------------------------------------
-
-    def schedule(self, conn: Connection, when: float) -> None:
-        """Have ``conn.on_timer`` called at (about) loop time ``when``, at 1 s granularity.
-
-        A connection sits in one slot at a time (rescheduling moves it), and leaves
-        the wheel when it closes, so a closed connection is never kept alive by it.
-        """
-        key = int(when) + 1
-        old = conn.wheel_at
-        if old == key:
-            return
-        if old:
-            self._unschedule(conn)
-        self._wheel.setdefault(key, set()).add(conn)
-        conn.wheel_at = key
-
-    def _unschedule(self, conn: Connection) -> None:
-        bucket = self._wheel.get(conn.wheel_at)
-        if bucket is not None:
-            bucket.discard(conn)
-            if not bucket:
-                del self._wheel[conn.wheel_at]
-        conn.wheel_at = 0
+    def schedule(self, conn: Client, when: float) -> None:
+        """Have ``conn.on_timer`` called at (about) loop time ``when``, at 1 s granularity."""
+        self.wheel.schedule(conn, when)
 
     def _housekeeping(self) -> None:
         """The one-second tick. No failure of one duty may stop the others, or the tick itself."""
@@ -408,15 +266,13 @@ class Engine:
                 # what the node can do now; the next ClusterInfo decides
                 self._agent_said = -1e9
             self._housekept = now
-            for second in [s for s in self._wheel if s <= now]:
-                for conn in self._wheel.pop(second):
-                    conn.wheel_at = 0
-                    if conn.open:
-                        self._guard("connection timer", conn.on_timer, now)
+            for conn in self.wheel.due(now):
+                if conn.open:
+                    self._guard("connection timer", conn.on_timer, now)
             for writer in (self.access_log, self.message_log):
                 if writer is not None:
                     self._guard(f"writing {writer.path.name}", writer.flush)
-            if self._forwards:
+            if self.forwards.waiting:
                 self._guard("forward time-outs", self._expire_forwards, now)
             self._guard("cache expiry", self.replica.expire, now)
             for callback in self.on_tick:
@@ -447,7 +303,7 @@ class Engine:
         return None
 
     def subscribe(
-        self, conn: Connection, subject: str, conflation_ms: int, decided: Decision | bool = False
+        self, conn: Client, subject: str, conflation_ms: int, decided: Decision | bool = False
     ) -> tuple[Status, str]:
         """Subscribe ``conn``. Returns (status, reason).
 
@@ -503,7 +359,7 @@ class Engine:
         self._snapshot_frames[subject] = (snapshot.seq, frame)
         return frame
 
-    def unsubscribe(self, conn: Connection, subject: str) -> bool:
+    def unsubscribe(self, conn: Client, subject: str) -> bool:
         conn.subscriptions, found = subject_set_remove(conn.subscriptions, subject)
         if not found:
             return False
@@ -543,7 +399,7 @@ class Engine:
             if not self.gatekeeper.addresses.allows(origin.addr):
                 denial: Decision = ("address_not_allowed", f"{origin.addr} is not in PublishAllowFromAddressList")
             else:
-                self.in_order(origin.session, self._publish_after_decision(message, origin, reply, start))
+                self._in_order.run(origin.session, self._publish_after_decision(message, origin, reply, start))
                 return
         else:
             denial = self.authorizer.check_publish(origin, message.subject)
@@ -570,35 +426,18 @@ class Engine:
     async def custom_decision(self, method: str, origin: Origin, subject: str) -> Decision:
         """Await an async custom entitlement method (bounded, its failures denied)."""
         assert isinstance(self.entitlement, CustomEntitlement)
-        try:
-            answer = getattr(self.entitlement.impl, method)(origin.token, subject, origin.addr)
-            if inspect.isawaitable(answer):
-                answer = await asyncio.wait_for(answer, CUSTOM_ENTITLEMENT_TIMEOUT)
-        except Exception as exc:
-            return CustomEntitlement.verdict(method, exc)
-        return CustomEntitlement.verdict(method, answer)
+        return await custom_decision(self.entitlement, method, origin, subject)
 
     def in_order(self, key: str, step: Coroutine[Any, Any, None]) -> None:
         """Run ``step`` after every earlier step of the same client (its requests keep their order)."""
-        previous = self._chains.get(key)
-
-        async def chained() -> None:
-            if previous is not None:
-                with contextlib.suppress(Exception):
-                    await previous
-            await step
-
-        task = self.loop.create_task(chained())
-        self._chains[key] = task
-        task.add_done_callback(lambda done: self._chains.pop(key, None) if self._chains.get(key) is done else None)
+        self._in_order.run(key, step)
 
     def _route(self, message: Message, origin: Origin, reply: Reply, start: int) -> None:
         """Sequence here, or forward to the subject's coordinator (a worker, or the member agent)."""
         if self.cluster:
             coordinator = self.agent
             if not message.publish_id:  # a retry inside the cluster must not number it twice
-                self._forward_ids += 1
-                publish_id = f"{self._id_prefix}/{origin.session}/{self._forward_ids}"
+                publish_id = f"{self._id_prefix}/{origin.session}/{self.forwards.next_id()}"
                 message = dataclasses.replace(message, publish_id=publish_id)
             reply = self._logged_reply(message, _origin_fields(origin), start, reply)
         else:
@@ -609,8 +448,7 @@ class Engine:
         if self.bus is None:
             reply(PublishResult(Status.FAILED, "no coordinator"))
             return
-        self._forward_ids += 1
-        request = self._forward_ids
+        request = self.forwards.next_id()
         frame = Forward(
             request,
             message.subject,
@@ -624,8 +462,7 @@ class Engine:
         if not self.bus.send(coordinator, frame, queue_if_down=not self.cluster):
             reply(PublishResult(Status.FAILED, "the coordinator is unavailable"))
             return
-        now = self.loop.time()
-        self._forwards[request] = (reply, now + FORWARD_TIMEOUT, now + FORWARD_GIVE_UP)
+        self.forwards.add(request, reply, self.loop.time())
 
     def _logged_reply(self, message: Message, origin: Mapping[str, str], start: int, reply: Reply) -> Reply:
         """In a cluster the publishing worker logs the publication once the coordinator answered."""
@@ -704,11 +541,10 @@ class Engine:
                 status = ForwardStatus(frame.request, result.status, result.seq, result.reason, result.epoch)
                 self.bus.send(peer, status, queue_if_down=True)
         elif isinstance(frame, ForwardStatus):
-            waiting = self._forwards.pop(frame.request, None)
-            if waiting is not None:
-                waiting[0](
-                    PublishResult(Status(frame.status), frame.reason, "", frame.recipients, frame.seq, frame.epoch)
-                )
+            self.forwards.answer(
+                frame.request,
+                PublishResult(Status(frame.status), frame.reason, "", frame.recipients, frame.seq, frame.epoch),
+            )
         elif isinstance(frame, Interest):
             counts = self.peer_interest.setdefault(frame.subject, {})
             if frame.count:
@@ -767,9 +603,7 @@ class Engine:
             self._agent_ready = False  # no cluster behind us until the agent is back and synchronised
             # what the agent had not answered will never be: the publishers hear it now, not after 8 s, and
             # retry with the same publish id (the cluster numbers it once if the agent had numbered it)
-            forwards, self._forwards = self._forwards, {}
-            for reply, _, _ in forwards.values():
-                reply(PublishResult(Status.FAILED, "the member agent restarted; retry with the same publish id"))
+            self.forwards.fail_all("the member agent restarted; retry with the same publish id")
 
     def _interest_changed(self, subject: str) -> None:
         """Subscriber counts go to the peers once per loop turn, whatever the number of (un)subscriptions."""
@@ -785,94 +619,30 @@ class Engine:
             for subject in dirty:
                 self.bus.broadcast(Interest(subject, self.index.count(subject)))
 
-    def publish_started(self, session: Session) -> None:
+    def publish_started(self, session: Publisher) -> None:
         """A client's publication enters: past its connection's or this worker's budget, stop reading it."""
-        count = self.inflight[session] = self.inflight.get(session, 0) + 1
-        if session not in self.held and (
-            count >= MAX_INFLIGHT_PER_CONNECTION or len(self._forwards) >= WORKER_FORWARD_BUDGET
-        ):
-            self.held[session] = []
-            session.hold_input()
+        self.forwards.started(session)
 
-    def publish_done(self, session: Session) -> None:
+    def publish_done(self, session: Publisher) -> None:
         """A publication was answered: read the held publishers again once the budgets are half free."""
-        count = self.inflight.get(session, 0) - 1
-        if count > 0:
-            self.inflight[session] = count
-        else:
-            self.inflight.pop(session, None)
-        if self.held and len(self._forwards) <= WORKER_FORWARD_BUDGET // 2:
-            for held in [s for s in self.held if self.inflight.get(s, 0) <= MAX_INFLIGHT_PER_CONNECTION // 2]:
-                held.release_input(self.held.pop(held))
+        self.forwards.done(session)
 
-    def forget_session(self, session: Session) -> None:
-        self.inflight.pop(session, None)
-        self.held.pop(session, None)
+    def forget_session(self, session: Publisher) -> None:
+        self.forwards.forget(session)
 
     def _expire_forwards(self, now: float) -> None:
         alive = self.cluster and self.bus is not None and self.bus.linked(self.agent)
-        alive = alive and now - self._agent_said <= AGENT_SILENCE
-        for request, (reply, deadline, give_up) in list(self._forwards.items()):
-            if deadline <= now:
-                if alive and now < give_up:
-                    # a live agent answers everything it read, within 6 s of reading it: a late answer is
-                    # queueing between us, and failing it would report FAILED for what gets numbered
-                    self._forwards[request] = (reply, now + FORWARD_TIMEOUT, give_up)
-                    continue
-                del self._forwards[request]
-                reply(PublishResult(Status.FAILED, "no answer from the coordinator"))
+        self.forwards.expire(now, alive and now - self._agent_said <= AGENT_SILENCE)
 
     # --- fan-out ----------------------------------------------------------------------
 
     def deliver(self, subject: str, entry: Entry, guaranteed: bool) -> tuple[int, int]:
         """Queue one message for every local subscriber; return (recipients, frame size)."""
-        index = self.index.get(subject)
-        if index is None:
-            return 0, 0
-        recipients = 0
-        frame_size = 0
-        if index.plain:
-            frame = build_frame(
-                OP_BINARY,
-                encode_delivery(
-                    subject,
-                    entry.content,
-                    entry.fields,
-                    entry.seq,
-                    entry.epoch,
-                    retained=entry.retained,
-                    guaranteed=guaranteed,
-                ),
-            )
-            for conn in index.plain:
-                conn.send(frame)  # kept a method call: the queueing rules live in one place
-            recipients = len(index.plain)
-            frame_size = len(frame)
-            self.stats.bytes_out += recipients * frame_size
-        for period, members in index.conflated.items():
-            buffer = self._conflation.get(period)
-            if buffer is None:
-                buffer = self._conflation[period] = ConflationBuffer(period)
-            buffer.add(subject, entry.content, entry.fields, entry.seq, entry.epoch, entry.retained)
-            if period not in self._conflation_armed:
-                self._arm_conflation(period)
-            recipients += len(members)
-        self.stats.messages_out += recipients
-        return recipients, frame_size
+        return self.fanout.deliver(subject, entry, guaranteed)
 
     def resync(self, subject: str) -> None:
         """The subject's history was replaced: its subscribers get the snapshot, flagged as a resync."""
-        index = self.index.get(subject)
-        if index is None:
-            return
-        self.stats.resyncs += 1
-        snapshot = self.snapshot_frame(subject)
-        notify = build_frame(OP_BINARY, encode_notify(NotifyCode.DATA_RESYNC, subject))
-        for conn in (*index.plain, *(c for members in index.conflated.values() for c in members)):
-            if conn.version >= 2:
-                conn.send(notify)
-            if snapshot is not None:
-                conn.send(snapshot)
+        self.fanout.resync(subject)
 
     def initial_frames(self, conn_version: int, subject: str, position: tuple[int, int] | None) -> list[bytes]:
         """What a new subscription gets first: the snapshot, or (version 2, with a position) recovery."""
@@ -894,40 +664,9 @@ class Engine:
         frames.append(build_frame(OP_BINARY, encode_notify(NotifyCode.DATA_SYNC, subject)))
         return frames
 
-    def _arm_conflation(self, period: int) -> None:
-        self._conflation_armed.add(period)
-        now_ms = int(time.time() * 1000)
-        delay = (next_boundary(now_ms, period) - now_ms) / 1000.0
-        self.loop.call_later(delay, self._drain_conflation, period)
-
-    def _drain_conflation(self, period: int) -> None:
-        self._conflation_armed.discard(period)
-        buffer = self._conflation.get(period)
-        if buffer is None:
-            return
-        for item in buffer.drain():
-            entry = self.index.get(item.subject)
-            members = entry.conflated.get(period) if entry is not None else None
-            if not members:
-                continue
-            frame = build_frame(
-                OP_BINARY,
-                encode_delivery(
-                    item.subject,
-                    item.content,
-                    item.fields,
-                    item.seq,
-                    item.epoch,
-                    retained=item.retained,
-                ),
-            )
-            for conn in members:
-                conn.send(frame)
-            self.stats.bytes_out += len(frame) * len(members)
-
     # --- logs -----------------------------------------------------------------------
 
-    def access(self, event: str, conn: Connection, **fields: Any) -> None:
+    def access(self, event: str, conn: Client, **fields: Any) -> None:
         if event == "connect":
             self.listener_connections[conn.listener] = self.listener_connections.get(conn.listener, 0) + 1
         elif event == "disconnect":

@@ -15,7 +15,7 @@ import binascii
 import json
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from migratory import web
 from migratory.config import parse_bool
@@ -23,12 +23,22 @@ from migratory.entitlement import Decision
 from migratory.http import Request, json_response, response
 from migratory.message import Message
 from migratory.protocol import Status
-from migratory.server.engine import Engine, Origin, PublishResult
+from migratory.server.engine.core import Engine, Origin, PublishResult
 
-if TYPE_CHECKING:
-    from migratory.server.connection import Connection
+__all__ = ["HttpClient", "handle"]
 
-__all__ = ["handle"]
+
+class HttpClient(Protocol):
+    """What the HTTP API needs of the connection a request came on."""
+
+    @property
+    def session(self) -> str: ...
+
+    def origin(self) -> Origin: ...
+
+    def start_stream(self, request: Request) -> None:
+        """Become the client's HTTP stream (``GET /stream``)."""
+
 
 _PUBLISH_HTTP_STATUS = {
     Status.OK: 200,
@@ -43,7 +53,7 @@ _PUBLISH_HTTP_STATUS = {
 Respond = Callable[[Request, int, bytes], None]
 
 
-def handle(engine: Engine, conn: Connection, request: Request, body: bytes, respond: Respond) -> None:
+def handle(engine: Engine, conn: HttpClient, request: Request, body: bytes, respond: Respond) -> None:
     """Answer one request through ``respond(request, status, response bytes)``.
 
     Most answers are immediate; a publish answers once its subject's coordinating
@@ -121,7 +131,7 @@ def _wants_json(request: Request) -> bool:
 
 
 async def _snapshot_after_decision(
-    engine: Engine, conn: Connection, request: Request, keep: bool, respond: Respond
+    engine: Engine, conn: HttpClient, request: Request, keep: bool, respond: Respond
 ) -> None:
     subject = request.query.get("subject")
     decided: Decision | bool = False
@@ -130,13 +140,13 @@ async def _snapshot_after_decision(
     respond(request, *_snapshot(engine, conn, request, keep, decided))
 
 
-def _origin(conn: Connection, request: Request) -> Origin:
+def _origin(conn: HttpClient, request: Request) -> Origin:
     origin = conn.origin()
     return replace(origin, token=request.query["token"]) if "token" in request.query else origin
 
 
 def _snapshot(
-    engine: Engine, conn: Connection, request: Request, keep: bool, decided: Decision | bool = False
+    engine: Engine, conn: HttpClient, request: Request, keep: bool, decided: Decision | bool = False
 ) -> tuple[int, bytes]:
     subject = request.query.get("subject")
     if subject is None:
@@ -171,14 +181,14 @@ def _snapshot(
     return 200, response(200, body, "application/octet-stream", keep_alive=keep, extra=extra)
 
 
-def _publish(engine: Engine, conn: Connection, request: Request, body: bytes, keep: bool, respond: Respond) -> None:
+def _publish(engine: Engine, conn: HttpClient, request: Request, body: bytes, keep: bool, respond: Respond) -> None:
     answer = _publish_checked(engine, conn, request, body, keep, respond)
     if answer is not None:
         respond(request, *answer)
 
 
 def _publish_checked(
-    engine: Engine, conn: Connection, request: Request, body: bytes, keep: bool, respond: Respond
+    engine: Engine, conn: HttpClient, request: Request, body: bytes, keep: bool, respond: Respond
 ) -> tuple[int, bytes] | None:
     """Validate the request; returns an error answer, or None once the publish is under way."""
     origin = _origin(conn, request)

@@ -21,7 +21,7 @@ So this transport keeps OpenSSL only while it is needed:
   its reload on SIGHUP into that context), ``TLSMinVersion``, ``TLSCiphers``,
   ALPN, session tickets, alerts. ``HandshakeTimeout`` runs from the TCP
   connection until the handshake ends. The application protocol
-  (:class:`migratory.server.connection.Connection`) sees ``connection_made``
+  (:class:`migratory.server.sessions.connection.Connection`) sees ``connection_made``
   only after it.
 * **Established TLS 1.3** (``TLS_AES_128_GCM_SHA256``, ``TLS_AES_256_GCM_SHA384``,
   ``TLS_CHACHA20_POLY1305_SHA256``): the ``SSL`` object and its BIOs are freed;
@@ -140,11 +140,11 @@ from typing import TYPE_CHECKING, Any, cast
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
-from migratory.server import heap
-from migratory.server.rawtransport import RawTransport
+from migratory.server.transport import heap
+from migratory.server.transport.raw import RawTransport
 
 if TYPE_CHECKING:
-    from migratory.server._tlsseal import Sealer
+    from migratory.server.transport._tlsseal import Sealer
 
 __all__ = [
     "ALERT_LABELS",
@@ -167,7 +167,7 @@ log = logging.getLogger("migratory.server.tls")
 SWEEP_SECONDS = 2.0
 """Cipher objects unused for between one and two sweeps are dropped (idle connections hold none)."""
 TRIM_AFTER = 64
-"""A sweep gives the C heap's free pages back (:func:`migratory.server.heap.trim`) once this many
+"""A sweep gives the C heap's free pages back (:func:`migratory.server.transport.heap.trim`) once this many
 OpenSSL or cipher objects were freed since the last time: a handful of reconnections costs no heap walk."""
 
 KEY_UPDATE_AFTER = 1 << 24
@@ -534,7 +534,7 @@ def c_sealer() -> type[Sealer] | None:
 
 def _load_sealer() -> type[Sealer] | None:
     try:
-        from migratory.server import _tlsseal
+        from migratory.server.transport import _tlsseal
     except ImportError:
         log.info("TLS: the C record sealer was not built (no C compiler at install?); sealing in Python")
         return None
@@ -775,7 +775,12 @@ class TLSServer:
 
 
 class TLSTransport(asyncio.Transport, asyncio.Protocol):
-    """One TLS connection: the TCP transport's protocol, and the application protocol's transport."""
+    """One TLS connection: the TCP transport's protocol, and the application protocol's transport.
+
+    Why it is long: RFC 8446's record layer is one state machine over the same buffers and keys
+    (records in and out, alerts, KeyUpdate, backpressure, the fail-closed take-over from OpenSSL),
+    and every path must see every other's state; the pieces without state are module functions.
+    """
 
     __slots__ = (
         "_c",
@@ -1121,7 +1126,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
     def _within_limit(self) -> bool:
         """TLS-level output held while TCP is paused counts against the output limit, with the application's.
 
-        The application (:class:`migratory.server.connection.Connection`) keeps what it could not
+        The application (:class:`migratory.server.sessions.connection.Connection`) keeps what it could not
         write in its own queue, bounded by ``MaxPendingOutput`` (``pending_bytes``); what TLS
         holds back (an owed ``KeyUpdate`` answer, what OpenSSL wrote in its outgoing BIO) is added
         to that, and past the limit the connection is dropped as a slow consumer would be.

@@ -4,9 +4,9 @@ Driven by ``asyncio.Protocol`` callbacks, with no task, reader or timer of its o
 (an idle connection is this object, its transport and a few small attributes).
 The first bytes are an HTTP request head: a WebSocket upgrade switches the
 connection to frames carrying the native protocol, whose session logic lives in
-migratory/server/session.py; ``GET /stream`` switches it to HTTP streaming (the
+migratory/server/sessions/native.py; ``GET /stream`` switches it to HTTP streaming (the
 fallback for clients behind proxies that strip ``Upgrade``, :class:`StreamConnection`);
-anything else is served by :mod:`migratory.server.httpapi`.
+anything else is served by :mod:`migratory.server.sessions.httpapi`.
 
 Output is queued with :meth:`Connection.send` (the same ``bytes`` object for every
 subscriber of a message) and written by :meth:`Connection.flush`, which the engine
@@ -24,8 +24,8 @@ from typing import Any, cast
 
 from migratory import protocol as p
 from migratory.http import HttpError, Request, json_response, parse_request_head
-from migratory.server.engine import Engine, Origin
-from migratory.server.session import Session
+from migratory.server.engine.core import Engine, Origin
+from migratory.server.sessions.native import Session
 from migratory.websocket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -60,7 +60,12 @@ _PIPELINE_BATCH = 64
 
 
 class Connection(Session, asyncio.Protocol):
-    """Per-connection state; ``__slots__`` keep an idle one small."""
+    """Per-connection state; ``__slots__`` keep an idle one small.
+
+    Why it is long: one socket's whole life is one state machine (HTTP/1.1 head, the WebSocket
+    upgrade, frames, HTTP streaming, keepalive and closing) over the same few slots; splitting it
+    would put a second object, and its memory, on every idle connection.
+    """
 
     __slots__ = (
         "addr",
@@ -251,10 +256,11 @@ class Connection(Session, asyncio.Protocol):
             if engine.batching_time:
                 engine.mark_batch(self)
             else:
-                engine._dirty.append(self)
-                if not engine._flush_armed:
-                    engine._flush_armed = True
-                    engine.loop.call_soon(engine.flush_dirty)
+                fanout = engine.fanout
+                fanout.dirty.append(self)
+                if not fanout.armed:
+                    fanout.armed = True
+                    engine.loop.call_soon(fanout.flush_dirty)
         else:
             if isinstance(pending, bytes):
                 self.pending = [pending, data]
@@ -446,8 +452,8 @@ class Connection(Session, asyncio.Protocol):
             self._dispatch(request, body)
 
     def _dispatch(self, request: Request, body: bytes) -> None:
-        """Hand one request to :mod:`migratory.server.httpapi`, which answers now or later."""
-        from migratory.server import httpapi
+        """Hand one request to :mod:`migratory.server.sessions.httpapi`, which answers now or later."""
+        from migratory.server.sessions import httpapi
 
         later = False
 

@@ -16,7 +16,7 @@ sends requests and never reads their answers stops being read once its answers p
 up, instead of making the server keep them all (review of issue 31, D5). The protocol
 side is asyncio's (``connection_made``, ``data_received``, ``eof_received``,
 ``connection_lost``, ``pause_writing``, ``resume_writing``), so a
-:class:`~migratory.server.connection.Connection` does not know which transport it
+:class:`~migratory.server.sessions.connection.Connection` does not know which transport it
 has; ``LeanTransport = false`` gives it the event loop's again (whose reading does not
 wait for its writing).
 """
@@ -170,7 +170,7 @@ class RawTransport:
         """What the kernel did not take of a write made while nothing was queued: kept, and watched.
 
         Also for a TLS transport that writes its sealed record to :attr:`fd` itself (``Sealer.send``
-        in migratory/server/tlstransport.py) when nothing is queued and the transport is not closing.
+        in migratory/server/transport/tls.py) when nothing is queued and the transport is not closing.
         """
         self._buffer = buffer = bytearray(rest)
         self._watch(self._mask | _OUT)

@@ -297,9 +297,12 @@ class Bus:
         self._flush_armed = False
         dirty, self._dirty = self._dirty, []
         for peer in dirty:
-            if peer.writer is not None and peer.writer.transport is not None and peer.pending:
-                peer.writer.transport.write(b"".join(peer.pending))
-            peer.pending.clear()
+            pending, peer.pending = peer.pending, []
+            transport = peer.writer.transport if peer.writer is not None else None
+            # a link closed in this turn (its loss not handled yet) takes nothing more: uvloop raises on a
+            # closed handle, and one raise here left every later peer's frames unsent, and unscheduled, forever
+            if transport is not None and pending and not transport.is_closing():
+                transport.write(b"".join(pending))
 
     def linked(self, worker: int) -> bool:
         """Linked to ``worker`` both ways: our link to it is up and its link to us said Hello."""

@@ -31,7 +31,7 @@ from typing import cast
 
 from migratory import bus as b
 from migratory.config import Config, Endpoint
-from migratory.server.bus import cancel_all
+from migratory.server.node.bus import cancel_all
 
 __all__ = ["MemberLinks", "client_context", "server_context"]
 
@@ -223,8 +223,8 @@ class _Link(asyncio.Protocol):
     def flush(self) -> None:
         pending, self.pending = self.pending, []
         transport = self.transport
-        if transport is None or not pending:
-            return
+        if transport is None or not pending or transport.is_closing():
+            return  # a link closing in this turn takes nothing more (uvloop raises on a closed handle)
         transport.write(b"".join(pending))
         if transport.get_write_buffer_size() > MAX_BACKLOG:
             self.fail(f"it stopped reading ({MAX_BACKLOG >> 20} MB waiting)")

@@ -4,7 +4,7 @@ One place for CONNECT (protocol version, entitlement token and its expiry),
 SUBSCRIBE (entitlement, limits, the snapshot or the recovery of what was missed),
 UNSUBSCRIBE, PUBLISH (and its status), and the order of a client's requests under
 asynchronous entitlement. Transports carry it: a WebSocket or an HTTP stream
-(migratory/server/connection.py), later MQTT. A transport is a subclass that
+(migratory/server/sessions/connection.py), later MQTT. A transport is a subclass that
 provides the few hooks below; a session never writes bytes itself.
 
 Messages to the client are handed to :meth:`send` as WebSocket binary frames, the
@@ -15,17 +15,15 @@ frames messages differently converts them (only its own connections pay for it).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 from migratory import protocol as p
 from migratory.entitlement import Decision
 from migratory.message import Message, QoS
-from migratory.server.engine import Engine, Origin, PublishResult
+from migratory.server.engine.core import Engine, Origin, PublishResult
+from migratory.server.engine.types import Client
 from migratory.subscriptions import SubjectSet, subject_set_items
 from migratory.websocket import CLOSE_POLICY_VIOLATION, OP_BINARY, build_frame
-
-if TYPE_CHECKING:
-    from migratory.server.connection import Connection
 
 __all__ = ["Session"]
 
@@ -145,9 +143,9 @@ class Session:
             self.send(_frame(p.encode_connected(self.session, engine.epoch, msg.version, engine.max_message_size)))
 
     @property
-    def connection(self) -> Connection:
+    def connection(self) -> Client:
         """This session as the engine knows its subscribers (the transport object itself)."""
-        return self  # type: ignore[return-value]
+        return cast("Client", self)
 
     def subscribe_one(
         self,

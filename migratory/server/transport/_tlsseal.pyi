@@ -1,4 +1,4 @@
-"""Types of the C extension ``migratory/server/_tlsseal.c`` (TLS 1.3 AES-GCM records in one call)."""
+"""Types of the C extension ``migratory/server/transport/_tlsseal.c`` (TLS 1.3 AES-GCM records in one call)."""
 
 def configure(
     ctx_new: int,

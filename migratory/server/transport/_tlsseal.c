@@ -8,7 +8,7 @@
  * is active; a record is the nonce set on it, the header as additional data, the plaintext, the tag.
  *
  * No OpenSSL header nor link: the eight EVP functions are given to configure() as addresses that
- * migratory/server/tlstransport.py resolves through the ``_ssl`` extension, so the library is the
+ * migratory/server/transport/tls.py resolves through the ``_ssl`` extension, so the library is the
  * very libcrypto Python's ssl module runs (the one that made the handshake), and building this
  * module needs only a C compiler and Python's headers. If it is not built, the transport seals in
  * Python with cryptography's AESGCM (same records, slower).
@@ -186,7 +186,7 @@ static PyMethodDef Sealer_methods[] = {
 };
 
 static PyTypeObject SealerType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "migratory.server._tlsseal.Sealer",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "migratory.server.transport._tlsseal.Sealer",
     .tp_basicsize = sizeof(Sealer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Sealer(key, iv): AES-GCM TLS 1.3 records under one traffic key.",
@@ -228,7 +228,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module_def = {
     .m_base = PyModuleDef_HEAD_INIT,
-    .m_name = "migratory.server._tlsseal",
+    .m_name = "migratory.server.transport._tlsseal",
     .m_doc = "TLS 1.3 AES-GCM records sealed in one call.",
     .m_size = -1,
     .m_methods = module_methods,

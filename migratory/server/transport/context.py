@@ -21,7 +21,7 @@ def build_context(config: Config) -> ssl.SSLContext:
     """A server context from TLSCertificate/TLSKey/TLSMinVersion/TLSCiphers; raises CertError.
 
     With ``TLSLeanTransport`` (the default), OpenSSL's own TLS 1.3 suites are served with
-    ``TLS_AES_128_GCM_SHA256`` first (:func:`migratory.server.tlstransport.prefer_aes128`);
+    ``TLS_AES_128_GCM_SHA256`` first (:func:`migratory.server.transport.tls.prefer_aes128`);
     ``TLSCiphers`` (TLS 1.2) and ``TLSMinVersion`` are untouched by it.
     """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -34,7 +34,7 @@ def build_context(config: Config) -> ssl.SSLContext:
     context.set_alpn_protocols(["http/1.1"])
     if config.tls_lean_transport:
         # the lean record layer seals every record in Python: the cheaper AES-128 first (bench/tls.md)
-        from migratory.server.tlstransport import prefer_aes128
+        from migratory.server.transport.tls import prefer_aes128
 
         prefer_aes128(context)
     reload_context(context, config)
