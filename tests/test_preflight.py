@@ -304,9 +304,7 @@ def test_a_port_in_use_is_a_warning_for_check_and_an_error_where_asked(folder: P
 
 def test_a_seeds_consensus_port_in_use_is_named(folder: Path) -> None:
     """A Guaranteed seed also listens on its cluster port + 1 (Raft): taken, the seed would wait forever."""
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
+    with _busy_port_after_a_free_one() as busy:
         raft = busy.getsockname()[1]
         members = f"127.0.0.1:{raft - 1}, 127.0.0.2:{raft - 1}, 127.0.0.3:{raft - 1}"
         conf = write(
@@ -324,6 +322,23 @@ def test_a_seeds_consensus_port_in_use_is_named(folder: Path) -> None:
             f"{conf}:3: ClusterMemberListen: port {raft} of 127.0.0.1 is in use now"
             " (the seed members' consensus port: ClusterMemberListen's port + 1)"
         ], found
+
+
+def _busy_port_after_a_free_one() -> socket.socket:
+    """A listening socket whose port's predecessor is free (the check names only the port in use: a busy
+    machine's other servers may hold the one before, which is not what this test is about)."""
+    for _ in range(100):
+        busy = socket.socket()
+        busy.bind(("127.0.0.1", 0))
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", busy.getsockname()[1] - 1))
+            except OSError:
+                busy.close()
+                continue
+        busy.listen()
+        return busy
+    raise RuntimeError("no free port before a free port in 100 tries")
 
 
 # --- safe by default: who may publish -------------------------------------------------------------------
