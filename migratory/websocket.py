@@ -32,6 +32,7 @@ __all__ = [
     "FrameParser",
     "WebSocketError",
     "accept_key",
+    "apply_mask",
     "build_close",
     "build_frame",
     "close_code_allowed",
@@ -148,7 +149,8 @@ def parse_close(payload: bytes) -> tuple[int, str]:
     return code, reason
 
 
-def _unmask(payload: bytes, mask: bytes) -> bytes:
+def apply_mask(payload: bytes, mask: bytes) -> bytes:
+    """Payload XOR the 4-byte masking key: masks and unmasks alike (RFC 6455 section 5.3)."""
     if not payload:
         return payload
     # XOR through big integers: far faster in CPython than a per-byte loop.
@@ -259,7 +261,7 @@ class FrameParser:
             if end - pos < total:
                 break
             mask = buf[pos + header : pos + header + 4]
-            payload = _unmask(buf[pos + header + 4 : pos + total], mask)
+            payload = apply_mask(buf[pos + header + 4 : pos + total], mask)
             pos += total
             if opcode >= 0x8:
                 frames.append(Frame(opcode, payload))

@@ -368,14 +368,26 @@ def build_deb(build: Build) -> Path:
 
 def build_rpm(build: Build) -> Path:
     """rpmbuild -bb on packaging/rpm/migratorydata.spec, which copies the same tree into its buildroot."""
-    top = build.work / "rpmbuild"
+    top = rpm_topdir(build, "rpmbuild")
+    unit = HERE / "common" / f"{NAME}.service"
+    return rpmbuild(build, top, NAME, {"stagedir": str(build.tree), "unitfile": str(unit)})
+
+
+def rpm_topdir(build: Build, name: str) -> Path:
+    """An empty rpmbuild _topdir under the work folder."""
+    top = build.work / name
     shutil.rmtree(top, ignore_errors=True)
     top.mkdir()
+    return top
+
+
+def rpmbuild(build: Build, top: Path, spec: str, defines: dict[str, str]) -> Path:
+    """rpmbuild -bb on packaging/rpm/<spec>.spec in top, with mdversion and defines; its one RPM, copied to out."""
     run(
         [
-            *("rpmbuild", "-bb", "--nodeps", "--quiet", str(HERE / "rpm" / f"{NAME}.spec")),
+            *("rpmbuild", "-bb", "--nodeps", "--quiet", str(HERE / "rpm" / f"{spec}.spec")),
             *("--define", f"_topdir {top}", "--define", f"mdversion {build.version}"),
-            *("--define", f"stagedir {build.tree}", "--define", f"unitfile {HERE / 'common' / f'{NAME}.service'}"),
+            *(arg for name, value in defines.items() for arg in ("--define", f"{name} {value}")),
         ],
         env=build.env,
     )
@@ -524,9 +536,7 @@ def rpm_path(path: Path) -> str:
 
 def build_analytics_rpm(build: Build) -> Path:
     """rpmbuild -bb on packaging/rpm/migratorydata-analytics.spec with the payload's file list."""
-    top = build.work / "rpmbuild-analytics"
-    shutil.rmtree(top, ignore_errors=True)
-    top.mkdir()
+    top = rpm_topdir(build, "rpmbuild-analytics")
     tree, core = build.analytics_tree, build.tree
     entries = []
     for path in sorted(tree.rglob("*")):
@@ -538,21 +548,7 @@ def build_analytics_rpm(build: Build) -> Path:
             entries.append(rpm_path(relative))
     filelist = top / "files.txt"
     filelist.write_text("\n".join(entries) + "\n")
-    run(
-        [
-            *("rpmbuild", "-bb", "--nodeps", "--quiet", str(HERE / "rpm" / f"{ANALYTICS}.spec")),
-            *("--define", f"_topdir {top}", "--define", f"mdversion {build.version}"),
-            *("--define", f"stagedir {tree}", "--define", f"filelist {filelist}"),
-        ],
-        env=build.env,
-    )
-    built = sorted((top / "RPMS").rglob("*.rpm"))
-    if len(built) != 1:
-        raise SystemExit(f"rpmbuild made {len(built)} packages, expected 1")
-    build.out.mkdir(parents=True, exist_ok=True)
-    rpm = build.out / built[0].name
-    shutil.copy2(built[0], rpm)
-    return rpm
+    return rpmbuild(build, top, ANALYTICS, {"stagedir": str(tree), "filelist": str(filelist)})
 
 
 def steps(names: list[str]) -> list[str]:

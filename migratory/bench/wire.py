@@ -19,6 +19,7 @@ import struct
 from collections.abc import Sequence
 
 from migratory import protocol as p
+from migratory.websocket import apply_mask
 
 __all__ = ["TARGETS", "TLS_TARGETS", "Codec", "StreamCodec", "base_target", "codec_for"]
 
@@ -57,10 +58,7 @@ def _mask(payload: bytes) -> bytes:
         header = struct.pack("!BBH", 0x82, 0x80 | 126, n)
     else:
         header = struct.pack("!BBQ", 0x82, 0x80 | 127, n)
-    if n:
-        repeated = (key * (n // 4 + 1))[:n]
-        payload = (int.from_bytes(payload, "little") ^ int.from_bytes(repeated, "little")).to_bytes(n, "little")
-    return header + key + payload
+    return header + key + apply_mask(payload, key)
 
 
 class Codec:
@@ -86,7 +84,45 @@ class Codec:
         raise NotImplementedError
 
 
-class _WebSocket(Codec):
+def _read_native(codec: Codec, message: bytes, out: list[bytes]) -> bool:
+    """Handle a native server message that both transports handle alike; False for any other.
+
+    A delivery's content goes to ``out`` (unless a snapshot); a confirmed subscription counts.
+    """
+    if message[0] == p.Op.MESSAGE:
+        frame = p.decode_server(message)
+        assert isinstance(frame, p.Delivery)
+        if not frame.snapshot:
+            out.append(frame.content)
+        return True
+    if message[0] == p.Op.SUBSCRIBE_STATUS and message[1] == p.Status.OK:
+        codec.subscribed += 1
+        return True
+    return False
+
+
+class _Http(Codec):
+    """A codec whose server answers first with an HTTP response head."""
+
+    def check_head(self, buf: bytes, end: int) -> None:
+        """Raise ConnectionError unless the response head ``buf[:end]`` is the one expected."""
+        raise NotImplementedError
+
+    def past_head(self, data: bytes) -> bytes | None:
+        """The bytes buffered and ``data``, past the response head; None (kept) while the head is incomplete."""
+        buf = self.buf + data if self.buf else data
+        if not self.ready:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self.buf = buf
+                return None
+            self.check_head(buf, end)
+            self.ready = True
+            buf = buf[end + 4 :]
+        return buf
+
+
+class _WebSocket(_Http):
     def hello(self, host: str, subjects: Sequence[str]) -> bytes:
         key = base64.b64encode(os.urandom(16)).decode()
         return (
@@ -97,17 +133,14 @@ class _WebSocket(Codec):
     def after_upgrade(self, subjects: Sequence[str]) -> bytes:
         return b""
 
+    def check_head(self, buf: bytes, end: int) -> None:
+        if not buf.startswith(b"HTTP/1.1 101"):
+            raise ConnectionError(f"upgrade refused: {buf[:40]!r}")
+
     def frames(self, data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
-        buf = self.buf + data if self.buf else data
-        if not self.ready:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                self.buf = buf
-                return [], b""
-            if not buf.startswith(b"HTTP/1.1 101"):
-                raise ConnectionError(f"upgrade refused: {buf[:40]!r}")
-            self.ready = True
-            buf = buf[end + 4 :]
+        buf = self.past_head(data)
+        if buf is None:
+            return [], b""
         out: list[tuple[int, bytes]] = []
         pong = b""
         pos = 0
@@ -165,18 +198,11 @@ class MigratoryCodec(_WebSocket):
 
     def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
         frames, pong = self.frames(data)
-        out = []
+        out: list[bytes] = []
         for opcode, payload in frames:
-            if opcode != 0x2 or not payload:
+            if opcode != 0x2 or not payload or _read_native(self, payload, out):
                 continue
-            if payload[0] == p.Op.MESSAGE:
-                frame = p.decode_server(payload)
-                assert isinstance(frame, p.Delivery)
-                if not frame.snapshot:
-                    out.append(frame.content)
-            elif payload[0] == p.Op.SUBSCRIBE_STATUS and payload[1] == p.Status.OK:
-                self.subscribed += 1
-            elif payload[0] == p.Op.PUBLISH_STATUS and len(payload) > 1 and payload[1] != p.Status.OK:
+            if payload[0] == p.Op.PUBLISH_STATUS and len(payload) > 1 and payload[1] != p.Status.OK:
                 answer = p.decode_server(payload)
                 assert isinstance(answer, p.PublishStatus)
                 why = f"{answer.status.name}: {answer.reason}"[:100]
@@ -198,7 +224,7 @@ class BroadcastCodec(_WebSocket):
         return [payload for opcode, payload in frames if opcode == 0x2], pong
 
 
-class StreamCodec(Codec):
+class StreamCodec(_Http):
     """The native protocol over HTTP streaming (docs/protocol.md), a subscriber's side.
 
     :meth:`hello` is ``GET /stream``; the response head names the stream
@@ -262,26 +288,23 @@ class StreamCodec(Codec):
         self.buf = buf[pos:]
         return b"".join(out)
 
+    def check_head(self, buf: bytes, end: int) -> None:
+        head = buf[:end].decode("latin-1")
+        if not head.startswith("HTTP/1.1 200"):
+            raise ConnectionError(f"stream refused: {head[:40]!r}")
+        for line in head.split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "x-migratory-stream":
+                self.stream_id = value.strip()
+        if not self.stream_id:
+            raise ConnectionError("no X-Migratory-Stream header")
+
     def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
-        buf = self.buf + data if self.buf else data
-        if not self.ready:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                self.buf = buf
-                return [], b""
-            head = buf[:end].decode("latin-1")
-            if not head.startswith("HTTP/1.1 200"):
-                raise ConnectionError(f"stream refused: {head[:40]!r}")
-            for line in head.split("\r\n")[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "x-migratory-stream":
-                    self.stream_id = value.strip()
-            if not self.stream_id:
-                raise ConnectionError("no X-Migratory-Stream header")
-            self.ready = True
-            buf = buf[end + 4 :]
+        buf = self.past_head(data)
+        if buf is None:
+            return [], b""
         body = self.body + self._dechunk(buf) if self.body else self._dechunk(buf)
-        out = []
+        out: list[bytes] = []
         pos = 0
         n = len(body)
         while n - pos >= 4:
@@ -290,15 +313,8 @@ class StreamCodec(Codec):
                 break
             message = body[pos + 4 : pos + 4 + length]
             pos += 4 + length
-            if not message:
-                continue  # keep-alive
-            if message[0] == p.Op.MESSAGE:
-                frame = p.decode_server(message)
-                assert isinstance(frame, p.Delivery)
-                if not frame.snapshot:
-                    out.append(frame.content)
-            elif message[0] == p.Op.SUBSCRIBE_STATUS and message[1] == p.Status.OK:
-                self.subscribed += 1
+            if message:  # an empty one is a keep-alive
+                _read_native(self, message, out)
         self.body = body[pos:]
         return out, b""
 
