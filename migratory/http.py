@@ -162,14 +162,15 @@ def response(
     *,
     keep_alive: bool = True,
     extra: Mapping[str, str] | None = None,
+    cache: str = "no-store",
 ) -> bytes:
-    """A complete HTTP/1.1 response with Content-Length."""
+    """A complete HTTP/1.1 response with Content-Length; one ``Cache-Control`` header (``cache``)."""
     phrase = HTTPStatus(status).phrase
     lines = [
         f"HTTP/1.1 {status} {phrase}",
         f"Content-Type: {content_type}",
         f"Content-Length: {len(body)}",
-        "Cache-Control: no-store",
+        f"Cache-Control: {cache}",
         f"Connection: {'keep-alive' if keep_alive else 'close'}",
     ]
     if extra:

@@ -266,3 +266,48 @@ def test_the_dashboard_shows_live_numbers(browser: Any, server_factory: Callable
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
     assert not errors, errors
     page.close()
+
+
+def test_a_page_of_another_origin_imports_the_client_from_the_server(
+    browser: Any, server_factory: Callable[..., ServerProcess]
+) -> None:
+    """docs/clients.md: a web app on its own origin loads the client from the push server. Chromium fetches a
+    module with ``import()`` in CORS mode: without ``Access-Control-Allow-Origin`` on /migratory.js it fails."""
+    import http.server
+
+    server = server_factory({})
+    assert publish(server.ws_url, "/cors/x", "from-the-server") is Status.NO_SUBSCRIBER
+    page_html = f"""<!doctype html><meta charset="utf-8"><title>app</title><pre id="out"></pre><script type="module">
+const out = document.getElementById("out");
+try {{
+  const m = await import("{server.http_url}/migratory.js");
+  const client = new m.MigratoryClient(["{server.ws_url}"], {{
+    onMessage: (msg) => {{ out.textContent += msg.type + " " + msg.text + "\\n"; }},
+  }});
+  await client.connect();
+  await client.subscribe(["/cors/x"]);
+}} catch (e) {{ out.textContent += "ERROR " + e; }}
+</script>""".encode()
+
+    class App(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(page_html)))
+            self.end_headers()
+            self.wfile.write(page_html)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    app = http.server.ThreadingHTTPServer(("127.0.0.3", 0), App)  # another host and port: another origin
+    threading.Thread(target=app.serve_forever, daemon=True).start()
+    try:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.3:{app.server_address[1]}/")
+        wait_for(lambda: "SNAPSHOT from-the-server" in (page.text_content("#out") or ""), what="the snapshot")
+        assert "ERROR" not in (page.text_content("#out") or "")
+        page.close()
+    finally:
+        app.shutdown()
+        app.server_close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 from collections.abc import Callable
 from typing import Any
 from unittest.mock import MagicMock
@@ -17,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migratory.http import HttpError, json_response, parse_request_head, response
+from tests.conftest import ServerProcess
 
 
 def test_parse_get_with_query() -> None:
@@ -303,3 +305,14 @@ def test_an_upgrade_to_a_member_that_is_not_ready_is_503_and_an_http_line() -> N
         "bytes_out": len(transport.out),
     }
     assert engine.deny.call_args.args[2] == "not_ready"
+
+
+def test_the_client_script_carries_one_cache_control_header(server_factory: Callable[..., ServerProcess]) -> None:
+    with socket.create_connection(("127.0.0.1", server_factory({}).port), timeout=10) as sock:
+        sock.sendall(b"GET /migratory.js HTTP/1.1\r\nHost: x\r\nOrigin: http://www.example.com\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(65536)
+    lines = head.split(b"\r\n\r\n")[0].decode("latin-1").lower().split("\r\n")
+    assert [line for line in lines if line.startswith("cache-control:")] == ["cache-control: no-cache"]
+    assert "access-control-allow-origin: *" in lines

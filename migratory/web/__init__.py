@@ -12,12 +12,13 @@ from importlib import resources
 
 from migratory.http import response
 
-__all__ = ["DASHBOARD", "PAGES", "asset", "page"]
+__all__ = ["CROSS_ORIGIN", "DASHBOARD", "PAGES", "asset", "page"]
 
 PAGES = {
     "/migratory.js": ("migratory.js", "text/javascript; charset=utf-8"),
     "/demo": ("demo.html", "text/html; charset=utf-8"),
 }
+CROSS_ORIGIN = frozenset({"/migratory.js"})  # meant to be loaded by pages of other origins (docs/clients.md)
 DASHBOARD = {
     "/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
     "/migratory.js": ("migratory.js", "text/javascript; charset=utf-8"),
@@ -35,5 +36,10 @@ def page(
 ) -> tuple[int, bytes]:
     name, content_type = table[path]
     body = asset(name)
-    extra = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
-    return 200, response(200, b"" if head else body, content_type, keep_alive=keep_alive, extra=extra)
+    extra = {"X-Content-Type-Options": "nosniff"}
+    if path in CROSS_ORIGIN:  # a page on another origin imports the client (`import()` fetches in CORS mode)
+        extra["Access-Control-Allow-Origin"] = "*"
+    response_bytes = response(
+        200, b"" if head else body, content_type, keep_alive=keep_alive, extra=extra, cache="no-cache"
+    )
+    return 200, response_bytes

@@ -287,9 +287,7 @@ def dashboard(config: Config) -> bytes:
         subjects = [f"{META_PREFIX}node"]
     html = web.asset("dashboard.html").decode()
     html = html.replace("/*LISTENERS*/[]", json.dumps(listeners)).replace("/*SUBJECTS*/[]", json.dumps(subjects))
-    return response(
-        200, html.encode(), "text/html; charset=utf-8", keep_alive=False, extra={"Cache-Control": "no-cache"}
-    )
+    return response(200, html.encode(), "text/html; charset=utf-8", keep_alive=False, cache="no-cache")
 
 
 class MonitorConnection(asyncio.Protocol):
