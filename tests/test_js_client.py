@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,3 +88,43 @@ def test_the_same_scenario_gives_the_same_messages_in_python_and_javascript(
     python, javascript = asyncio.run(asyncio.wait_for(scenario(), 90))
     assert python == javascript
     assert python[0]["type"] == "SNAPSHOT" and len(python) == 11
+
+
+def test_npm_test_runs_on_its_own_starting_its_servers() -> None:
+    """What a JavaScript developer runs first: `npm test` with no servers given starts two itself."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_")}
+    env["MIGRATORY_BIN"] = str(Path(sys.executable).with_name("migratory"))
+    result = node("--test", "test/", env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "# fail 0" in result.stdout and "# pass 9" in result.stdout and "# skipped 0" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed")
+def test_npm_pack_gives_the_package_the_docs_install(tmp_path: Path) -> None:
+    """docs/clients.md: `npm pack` in clients/js, then `npm install` of the tarball, then import it by name."""
+    npm = shutil.which("npm")
+    assert npm is not None
+    packed = subprocess.run(
+        [npm, "pack", "--pack-destination", str(tmp_path)], cwd=JS, capture_output=True, text=True, timeout=120
+    )
+    assert packed.returncode == 0, packed.stderr[-2000:]
+    tarball = tmp_path / packed.stdout.strip().splitlines()[-1]
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "package.json").write_text('{"name": "app", "version": "1.0.0", "type": "module"}\n')
+    installed = subprocess.run(
+        [npm, "install", "--offline", "--no-audit", "--no-fund", str(tarball)],
+        cwd=app,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    (app / "use.mjs").write_text(
+        'import { MigratoryClient, Status } from "@migratory/client";\n'
+        "console.log(typeof MigratoryClient, Status.OK !== undefined);\n"
+    )
+    assert NODE is not None
+    used = subprocess.run([NODE, "use.mjs"], cwd=app, capture_output=True, text=True, timeout=60)
+    assert used.returncode == 0 and used.stdout.strip() == "function true", used.stdout + used.stderr
+    assert (app / "node_modules" / "@migratory" / "client" / "migratory.d.ts").exists()

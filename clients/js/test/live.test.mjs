@@ -1,14 +1,17 @@
-// The client against a live server started by tests/test_js_client.py (MIGRATORY_WS_URL, MIGRATORY_BASIC_URL).
+// The client against live servers: those tests/test_js_client.py started, or two started here (support/servers.mjs).
 import assert from "node:assert/strict";
-import test from "node:test";
+import test, { after } from "node:test";
 
 import { EventKind, MessageType, MigratoryClient, Status } from "../migratory.js";
+import { liveServers } from "../support/servers.mjs";
 
-const URL = process.env.MIGRATORY_WS_URL;
-const BASIC = process.env.MIGRATORY_BASIC_URL;
-if (!URL || !BASIC) throw new Error("run through tests/test_js_client.py, which starts the servers");
+const servers = await liveServers();
+const URL = servers.url;
+const BASIC = servers.basic;
+const live = servers.skip ? (name, fn) => test(name, { skip: servers.skip }, fn) : test;
+if (!servers.skip) after(servers.stop);
 
-test("subscribe: snapshot first, then updates, with fields; publish statuses", async () => {
+live("subscribe: snapshot first, then updates, with fields; publish statuses", async () => {
   const events = [];
   const publisher = new MigratoryClient([URL]);
   await publisher.connect();
@@ -34,7 +37,7 @@ test("subscribe: snapshot first, then updates, with fields; publish statuses", a
   publisher.close();
 });
 
-test("conflation and unsubscribe", async () => {
+live("conflation and unsubscribe", async () => {
   const client = new MigratoryClient([URL]);
   await client.connect();
   await client.subscribe(["/js/c"], { conflationMs: 500 });
@@ -51,7 +54,7 @@ test("conflation and unsubscribe", async () => {
   publisher.close();
 });
 
-test("entitlement: a publication without the token is denied, with it allowed", async () => {
+live("entitlement: a publication without the token is denied, with it allowed", async () => {
   const anonymous = new MigratoryClient([BASIC]);
   await anonymous.connect();
   assert.equal(await anonymous.publish("/js/e", "x"), Status.DENIED);
@@ -62,7 +65,7 @@ test("entitlement: a publication without the token is denied, with it allowed", 
   allowed.close();
 });
 
-test("an unreachable server is reported down and the client tries again", async () => {
+live("an unreachable server is reported down and the client tries again", async () => {
   const events = [];
   const client = new MigratoryClient(["ws://127.0.0.1:9"], { onStatus: (e) => events.push(e), backoffInitial: 20, requestTimeout: 1000 });
   await assert.rejects(client.connect(600));
@@ -71,7 +74,7 @@ test("an unreachable server is reported down and the client tries again", async 
   assert.ok(events.filter((e) => e.kind === EventKind.NOTIFY_SERVER_DOWN).length >= 2);
 });
 
-test("HTTP streaming carries the same session (forced), across the workers of the node", async () => {
+live("HTTP streaming carries the same session (forced), across the workers of the node", async () => {
   const events = [];
   const client = new MigratoryClient([URL], { transport: "http-stream", onStatus: (e) => events.push(e) });
   await client.connect();
