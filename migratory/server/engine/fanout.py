@@ -55,16 +55,14 @@ class FanOut:
 
     def flush_dirty(self) -> None:
         self.armed = False
-        dirty = self.dirty
-        self.dirty = []
+        dirty, self.dirty = self.dirty, []
         for client in dirty:
             client.flush()
 
     def _flush_batches(self) -> None:
         self._batch_armed = False
-        dirty = self._batch_dirty
-        self._batch_dirty = []
-        for client in dirty:
+        batch, self._batch_dirty = self._batch_dirty, []
+        for client in batch:
             client.flush()
 
     # --- delivery ---------------------------------------------------------------------
