@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -223,3 +224,62 @@ def test_cluster_status_says_why_a_member_is_not_ready_and_who_leads() -> None:
     text = " ".join(console.export_text().split())  # the caption wraps at the table's width
     assert "quorum NO" in text and "leader member 3, term 7" in text
     assert "this member NOT ready: no quorum: a majority of the seed members is not reachable" in text
+
+
+@pytest.mark.slow
+def test_the_client_commands_follow_a_cluster_through_a_members_death(tmp_path: Path) -> None:
+    """Issue 34: subscribe, publish and snapshot take the client libraries' weighted server list, fail over
+    when their member dies (the subscriber recovers what it missed: Guaranteed mode), and say so on stderr."""
+    from migratory.bench.cluster import LocalCluster
+
+    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
+        cluster.start_all()
+        for index in range(3):
+            cluster.wait_view(index, {0, 1, 2})
+        m = cluster.members
+        everyone = ", ".join(f"100 {member.ws_url}" for member in m)
+        first = cli("publish", everyone, "/cli/f", "m0")
+        assert first.returncode == 0 and first.stdout.strip() in ("OK", "NO_SUBSCRIBER"), first.stderr
+        # the subscriber almost surely starts on member 0 (weights), and must go on elsewhere when it dies
+        sub = subprocess.Popen(
+            [*CLI, "subscribe", f"1000000 {m[0].ws_url}, 1 {m[1].ws_url}, 1 {m[2].ws_url}", "/cli/f", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert sub.stdout is not None
+            assert json.loads(sub.stdout.readline())["content"] == "m0"  # the snapshot: subscribed
+            for n in range(1, 4):
+                assert cli("publish", everyone, "/cli/f", f"m{n}").returncode == 0
+            cluster.kill(0)
+            survivors = f"{m[1].ws_url}, {m[2].ws_url}"
+            for n in range(4, 8):
+                published = cli("publish", survivors, "/cli/f", f"m{n}", timeout=60)
+                assert published.returncode == 0, published.stdout + published.stderr
+            # a dead member first in the list: publish and snapshot try the next one and say so
+            dead_first = f"1000000 {m[0].ws_url}, 1 {m[1].ws_url}"
+            published = cli("publish", dead_first, "/cli/f", "m8", timeout=60)
+            assert published.returncode == 0 and published.stdout.strip() == "OK", published.stderr
+            assert "NOTIFY_SERVER_DOWN" in published.stderr
+            snap = cli("snapshot", f"1000000 {m[0].http_url}, 1 {m[1].http_url}", "/cli/f", timeout=60)
+            assert snap.returncode == 0 and snap.stdout == "m8", snap.stdout + snap.stderr
+            assert "connection refused" in snap.stderr and "trying" in snap.stderr
+            seen: list[str] = []
+            deadline = time.monotonic() + 60
+            while "m8" not in seen and time.monotonic() < deadline:
+                line = sub.stdout.readline()
+                if line:
+                    seen.append(json.loads(line)["content"])
+        finally:
+            sub.terminate()
+            _, err = sub.communicate(timeout=20)
+        assert seen == [f"m{n}" for n in range(1, 9)], (seen, err)  # none lost, none twice, in order
+        assert "NOTIFY_SERVER_DOWN" in err and "NOTIFY_SERVER_UP" in err, err
+
+
+def test_a_bad_server_list_is_refused_with_exit_code_2() -> None:
+    for bad in ("100 ws://a:1,, ws://b:2", "x ws://a:1", "0 ws://a:1", "100 ftp://a:1"):
+        done = cli("publish", bad, "/a/b", "x")
+        assert done.returncode == 2 and done.stderr.startswith("error: "), (bad, done.stderr)
+        assert "Traceback" not in done.stderr

@@ -1,7 +1,12 @@
 """``migratory publish|subscribe|snapshot``: the client library from the shell.
 
 URLs may be ``ws://``/``wss://`` (native protocol over WebSocket) or
-``http://``/``https://`` (the HTTP endpoints); each command converts as needed.
+``http://``/``https://`` (the HTTP endpoints); each command converts as needed. Where a
+URL goes, a cluster's server list may go too, in the client libraries' syntax:
+``"100 ws://a:8800, 100 ws://b:8800"`` (an optional weight before each URL, commas
+between). The commands then choose a server by weight, fail over to another when theirs
+dies (with the client library's backoff, and, for ``subscribe``, its recovery from the
+last position), and say so on stderr.
 
 A mistake or a failure is one line on stderr, ``error: <URL>: <cause>``, and an
 exit code that says what kind of failure it was (never a traceback):
@@ -27,6 +32,7 @@ import base64
 import contextlib
 import http.client
 import json
+import random
 import socket
 import ssl
 import sys
@@ -105,6 +111,41 @@ def _checked_url(url: str) -> urllib.parse.SplitResult:
     if port == 0:
         raise CliError(EXIT_USAGE, url, "the port must be a number from 1 to 65535")
     return parts
+
+
+def _servers(text: str) -> list[tuple[float, str]]:
+    """``"[WEIGHT ]URL, ..."``: the weighted server list (one URL is a list of one)."""
+    out: list[tuple[float, str]] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            raise CliError(EXIT_USAGE, text, "an empty entry in the server list (two commas, or one at an end)")
+        weight_text, _, rest = item.partition(" ")
+        weight, url = 100.0, item
+        if rest and "://" not in weight_text:
+            try:
+                weight = float(weight_text)
+            except ValueError:
+                raise CliError(EXIT_USAGE, item, f"expected 'WEIGHT URL' or 'URL', got {item!r}") from None
+            url = rest.strip()
+            if not weight > 0:
+                raise CliError(EXIT_USAGE, url, f"a server's weight must be positive, got {weight_text}")
+        _checked_url(url)
+        out.append((weight, url))
+    return out
+
+
+def _by_weight(servers: list[tuple[float, str]]) -> list[str]:
+    """The URLs in the order to try them: drawn by weight, as the client libraries draw."""
+    left, order = list(servers), []
+    while left:
+        point = random.uniform(0, sum(w for w, _ in left))
+        for index, (weight, url) in enumerate(left):
+            point -= weight
+            if point <= 0 or index == len(left) - 1:
+                order.append(url)
+                del left[index]
+                break
+    return order
 
 
 def _http_url(url: str) -> str:
@@ -192,9 +233,15 @@ def _run(url: str, coro: Coroutine[Any, Any, T]) -> T:
 
 
 async def _open(
-    url: str, token: str, *, reconnect: bool, on_status: Callable[[StatusEvent], None] | None = None
+    url: str,
+    token: str,
+    *,
+    reconnect: bool,
+    on_status: Callable[[StatusEvent], None] | None = None,
+    servers: list[tuple[float, str]] | None = None,
 ) -> MigratoryClient:
-    """A connected client, or a :class:`CliError` as soon as the first connection attempt fails.
+    """A connected client, or a :class:`CliError` as soon as the first connection attempt fails
+    (with a server list: once every server failed once; the last one's cause is reported).
 
     ``MigratoryClient.connect()`` alone would wait its whole timeout while the client
     retries; the first NOTIFY_SERVER_DOWN ends the wait at once instead. Later status
@@ -203,16 +250,28 @@ async def _open(
     loop = asyncio.get_running_loop()
     first_down: asyncio.Future[str] = loop.create_future()
     opened = False
+    listed = [(w, _ws_url(u)) for w, u in servers] if servers else [(100.0, url)]
+    tried: set[str] = set()
 
     def status(event: StatusEvent) -> None:
         if not opened:
             if event.kind is EventKind.NOTIFY_SERVER_DOWN and not first_down.done():
-                first_down.set_result(event.detail)
+                tried.add(event.detail.partition(": ")[0])
+                if len(listed) > 1 and on_status is not None:  # a listed member is down: said, the next tried
+                    on_status(event)
+                if len(tried) >= len(listed):
+                    first_down.set_result(event.detail)
             return
         if on_status is not None:
             on_status(event)
 
-    client = MigratoryClient([url], token=token, reconnect=reconnect, on_status=status, request_timeout=TIMEOUT)
+    client = MigratoryClient(
+        [f"{w:g} {u}" for w, u in listed],
+        token=token,
+        reconnect=reconnect or len(listed) > 1,
+        on_status=status,
+        request_timeout=TIMEOUT,
+    )
     connecting = asyncio.ensure_future(client.connect())
     waiting: list[asyncio.Future[Any]] = [connecting, first_down]
     await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -225,7 +284,8 @@ async def _open(
         await connecting
     await client.close()
     if first_down.done() and not first_down.cancelled():
-        raise _ws_cause(first_down.result(), url)
+        detail = first_down.result()
+        raise _ws_cause(detail, detail.partition(": ")[0] if len(listed) > 1 else url)
     raise CliError(EXIT_CONNECT, url, f"no answer within {TIMEOUT:g} s")
 
 
@@ -271,8 +331,25 @@ def _error_text(body: bytes, fallback: str) -> str:
     return str(document.get("error", fallback)) if isinstance(document, dict) else fallback
 
 
+def _http_failover(call: Callable[[str], T], servers: list[tuple[float, str]]) -> T:
+    """``call`` on each server in weighted order until one answers; a server that cannot be reached or
+    refuses the connection is said on stderr and the next one tried; the last failure is the command's."""
+    order = _by_weight(servers)
+    for index, url in enumerate(order):
+        try:
+            return call(url)
+        except CliError as error:
+            if error.code not in (EXIT_CONNECT, EXIT_REFUSED) or index == len(order) - 1:
+                raise
+            _err.print(f"error: {_shown(error.url)}: {error.cause}; trying {_shown(order[index + 1])}", markup=False)
+    raise AssertionError("unreachable: the server list is never empty")
+
+
+SERVERS_HELP = "Server URL, or a cluster's list: '100 ws://a:8800, 100 ws://b:8800' (weights optional)."
+
+
 def publish(
-    url: str = typer.Argument(..., help="Server URL: ws://host:port or http://host:port."),
+    url: str = typer.Argument(..., help=SERVERS_HELP + " ws:// or http://."),
     subject: str = typer.Argument(..., help="Subject, e.g. /Stocks/NYSE/IBM."),
     content: str = typer.Argument(..., help="Message content (UTF-8 text; '-' reads bytes from stdin)."),
     field: list[str] = typer.Option([], "--field", "-f", help="A field name=value; repeat for more."),
@@ -281,18 +358,20 @@ def publish(
 ) -> None:
     """Publish one message and print the server's publish status (exit 1 unless OK or NO_SUBSCRIBER)."""
     try:
+        servers = _servers(url)
         fields = _parse_fields(field, url)
-        ws_url = _ws_url(url)
+        first = servers[0][1]
+        ws_url = _ws_url(first)
     except CliError as error:
         _fail(error)
     data = sys.stdin.buffer.read() if content == "-" else content.encode("utf-8")
-    if url.startswith(("http://", "https://")):
+    if first.startswith(("http://", "https://")):
         try:
-            status = _http_publish(url, subject, data, fields, token, retained)
+            status = _http_failover(lambda u: _http_publish(u, subject, data, fields, token, retained), servers)
         except CliError as error:
             _fail(error)
     else:
-        status = _run(url, _ws_publish(ws_url, subject, data, fields, token, retained))
+        status = _run(first, _ws_publish(ws_url, subject, data, fields, token, retained, servers))
     typer.echo(status)
     if status not in ("OK", "NO_SUBSCRIBER"):
         raise typer.Exit(EXIT_FAILED)
@@ -338,16 +417,32 @@ def _http_publish(url: str, subject: str, data: bytes, fields: dict[str, str], t
     return status
 
 
-async def _ws_publish(url: str, subject: str, data: bytes, fields: dict[str, str], token: str, retained: bool) -> str:
-    client = await _open(url, token, reconnect=False)
+async def _ws_publish(
+    url: str,
+    subject: str,
+    data: bytes,
+    fields: dict[str, str],
+    token: str,
+    retained: bool,
+    servers: list[tuple[float, str]] | None = None,
+) -> str:
+    # with a list, a member that dies before answering: the library sends it again, same publish id, elsewhere
+    listed = servers is not None and len(servers) > 1
+    client = await _open(url, token, reconnect=False, servers=servers, on_status=_say_failover if listed else None)
     try:
         return (await client.publish(subject, data, fields=fields, retained=retained)).name
     finally:
         await client.close()
 
 
+def _say_failover(event: StatusEvent) -> None:
+    """A server list's failover, on stderr: the member lost, and the one taken instead."""
+    if event.kind in (EventKind.NOTIFY_SERVER_DOWN, EventKind.NOTIFY_SERVER_UP):
+        _err.print(f"{event.kind.value}: {event.detail or event.subject}", markup=False)
+
+
 def subscribe(
-    url: str = typer.Argument(..., help="Server URL: ws://host:port (or wss://)."),
+    url: str = typer.Argument(..., help=SERVERS_HELP + " ws:// or wss://."),
     subjects: list[str] = typer.Argument(..., help="One or more subjects."),
     conflation: int = typer.Option(0, "--conflation", help="Conflation time in ms (cut down to a multiple of 100)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line: subject, content, fields, type."),
@@ -356,7 +451,8 @@ def subscribe(
 ) -> None:
     """Subscribe and print messages as they arrive (the snapshot first); reconnects once connected."""
     try:
-        ws_url = _ws_url(url)
+        servers = _servers(url)
+        ws_url = _ws_url(servers[0][1])
         if conflation < 0:
             raise CliError(EXIT_USAGE, url, f"--conflation must be 0 or more milliseconds, got {conflation}")
         if count < 0:
@@ -364,17 +460,31 @@ def subscribe(
     except CliError as error:
         _fail(error)
     with contextlib.suppress(KeyboardInterrupt):
-        _run(url, _subscribe(ws_url, subjects, conflation, as_json, count, token))
+        _run(servers[0][1], _subscribe(ws_url, subjects, conflation, as_json, count, token, servers))
 
 
-async def _subscribe(url: str, subjects: list[str], conflation: int, as_json: bool, count: int, token: str) -> None:
+async def _subscribe(
+    url: str,
+    subjects: list[str],
+    conflation: int,
+    as_json: bool,
+    count: int,
+    token: str,
+    servers: list[tuple[float, str]] | None = None,
+) -> None:
     out = Console(highlight=False, soft_wrap=True)
+    down = False
 
     def on_status(event: StatusEvent) -> None:
+        nonlocal down
         if event.kind in (EventKind.SUBSCRIBE_DENY, EventKind.ERROR, EventKind.NOTIFY_SERVER_DOWN):
             _err.print(f"{event.kind.value}: {event.subject} {event.detail}".replace("  ", " "), markup=False)
+            down = down or event.kind is EventKind.NOTIFY_SERVER_DOWN
+        elif event.kind is EventKind.NOTIFY_SERVER_UP and down:  # back, here or on another member: it recovers
+            down = False
+            _err.print(f"{event.kind.value}: {event.detail or event.subject}", markup=False)
 
-    client = await _open(url, token, reconnect=True, on_status=on_status)
+    client = await _open(url, token, reconnect=True, on_status=on_status, servers=servers)
     try:
         try:
             statuses = await client.subscribe(subjects, conflation)
@@ -397,33 +507,36 @@ async def _subscribe(url: str, subjects: list[str], conflation: int, as_json: bo
 
 
 def snapshot(
-    url: str = typer.Argument(..., help="Server URL: http://host:port (ws:// is converted)."),
+    url: str = typer.Argument(..., help=SERVERS_HELP + " http:// (ws:// is converted)."),
     subject: str = typer.Argument(..., help="The subject whose snapshot to fetch."),
     token: str = typer.Option("", "--token", help="Entitlement token."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON form (subject, content, fields, seq, epoch)."),
 ) -> None:
     """Fetch a subject's snapshot over HTTP (exit 1 if there is none or it is refused)."""
     try:
-        endpoint = f"{_http_url(url).rstrip('/')}/snapshot"  # shown in errors: without the query (and its token)
+        servers = _servers(url)
+        body = _http_failover(lambda u: _snapshot(u, subject, token, as_json), servers)
     except CliError as error:
         _fail(error)
+    sys.stdout.buffer.write(body + (b"\n" if as_json else b""))
+    sys.stdout.flush()
+
+
+def _snapshot(url: str, subject: str, token: str, as_json: bool) -> bytes:
+    endpoint = f"{_http_url(url).rstrip('/')}/snapshot"  # shown in errors: without the query (and its token)
     query = {"subject": subject}
     if token:
         query["token"] = token
     headers = {"Accept": "application/json"} if as_json else {}
-    try:
-        code, body = _http_call(
-            urllib.request.Request(f"{endpoint}?{urllib.parse.urlencode(query)}", headers=headers), endpoint
-        )
-    except CliError as error:
-        _fail(error)
+    code, body = _http_call(
+        urllib.request.Request(f"{endpoint}?{urllib.parse.urlencode(query)}", headers=headers), endpoint
+    )
     if code >= 400:
         reason = _error_text(body, http.client.responses.get(code, ""))
         # 400 (invalid subject), 403 (refused), 404 (no snapshot) answer the request; anything else refuses it
         answered = code in (400, 403) or (code == 404 and not reason.startswith("no such endpoint"))
-        _fail(CliError(EXIT_FAILED if answered else EXIT_REFUSED, endpoint, f"HTTP {code}: {reason}"))
-    sys.stdout.buffer.write(body + (b"\n" if as_json else b""))
-    sys.stdout.flush()
+        raise CliError(EXIT_FAILED if answered else EXIT_REFUSED, endpoint, f"HTTP {code}: {reason}")
+    return body
 
 
 def register(app: typer.Typer) -> None:
