@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from migratory import reload
 from migratory.config import Config, ConfigError
 from migratory.preflight import check_file
 
@@ -44,6 +45,12 @@ def check(
     path: Path = typer.Argument(
         ..., metavar="FILE", help="The migratorydata.conf to check, e.g. /etc/migratorydata/migratorydata.conf."
     ),
+    diff: Path | None = typer.Option(
+        None,
+        "--diff",
+        metavar="OLD",
+        help="Also list what changed from OLD to FILE, each key as 'reload' (SIGHUP applies it) or 'restart'.",
+    ),
 ) -> None:
     """Check FILE as `migratory serve` checks it at start, without starting anything.
 
@@ -52,7 +59,11 @@ def check(
     Checked: values, key rules, TLS certificate and key, RunAsUser, log and state folders, listeners, entitlement.
 
     Warned about (exit 0): anyone may publish, monitoring open to all, a certificate near expiry, a port in use now.
+
+    With --diff OLD: each key that differs between OLD and FILE, and whether `systemctl reload` (SIGHUP) applies
+    it to the running node or it needs a restart (the node keeps the old value until then).
     """
+    old = load_or_exit(diff) if diff is not None else None
     report = check_file(path, in_use="warning")
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in report.errors + report.warnings:
@@ -60,6 +71,12 @@ def check(
     if not report.ok or report.config is None:
         raise typer.Exit(EXIT_CONFIG)
     warnings = f", {len(report.warnings)} warning(s)" if report.warnings else ""
-    Console(highlight=False, soft_wrap=True).print(
-        f"{path}: OK (listeners: {_listeners(report.config)}{warnings})", markup=False
-    )
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"{path}: OK (listeners: {_listeners(report.config)}{warnings})", markup=False)
+    if old is not None:
+        changes = reload.diff(old, report.config)
+        for change in changes:  # values are not printed: tokens, secrets and passwords are among them
+            kind = "reload: SIGHUP applies it" if change.live else "restart: the running node keeps the old value"
+            out.print(f"{change.key}: {kind}", markup=False)
+        if not changes:
+            out.print(f"no key differs from {diff}", markup=False)

@@ -177,6 +177,25 @@ class Engine:
 
     # --- lifecycle ------------------------------------------------------------------
 
+    def reconfigure(self, config: Config) -> None:
+        """SIGHUP: a configuration whose live keys (migratory/reload.py) changed, for requests from now on:
+        entitlement, the publish address list, slow-consumer limits. Connections and subscriptions stay."""
+        self.config = config
+        self.entitlement = build_entitlement(
+            config.entitlement,
+            config.entitlement_allow_token,
+            config.entitlement_jwt_secret,
+            config.entitlement_jwt_public_key,
+            config.entitlement_custom_class,
+        )
+        replaced = self.authorizer is self.gatekeeper
+        self.gatekeeper = Gatekeeper(self.entitlement, AddressList(config.publish_allow_from))
+        if replaced:  # a hook set by an embedding application stays
+            self.authorizer = self.gatekeeper
+        self.async_entitlement = isinstance(self.entitlement, CustomEntitlement) and self.entitlement.is_async
+        self.max_pending = config.max_pending_output
+        self.drop_slow = config.slow_consumer_policy.value == "Drop"
+
     def start(self) -> None:
         """Start the housekeeping tick."""
         self._tick = self.loop.call_later(1.0, self._housekeeping)

@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from migratory import preflight
+from migratory import preflight, reload
 from migratory.certs import CertError
-from migratory.config import Config, Endpoint
+from migratory.config import Config, ConfigError, Endpoint
 from migratory.logs import JsonLineHandler, JsonLineWriter
 from migratory.privileges import PrivilegeError, drop_privileges
 from migratory.server.cluster.agent import serve_agent
@@ -138,8 +138,12 @@ async def serve(
     incarnation: int = 0,
     tls: ssl.SSLContext | None = None,
     secret: bytes = b"",
+    reload_from: str = "",
 ) -> None:
-    """Serve on already-bound sockets until ``stop`` is set (one worker's life)."""
+    """Serve on already-bound sockets until ``stop`` is set (one worker's life).
+
+    With ``reload_from`` (the configuration file), SIGHUP applies its live keys (migratory/reload.py).
+    """
     loop = asyncio.get_running_loop()
     if epoch is None:
         epoch = next_epoch(config.state_folder)
@@ -149,6 +153,13 @@ async def serve(
     if config.message_log:
         message = JsonLineWriter(config.log_folder, "message.log", config.log_max_file_size, config.log_max_files)
     engine = Engine(config, epoch, loop, access, message, worker=worker, workers=workers, incarnation=incarnation)
+    if reload_from:
+        running = [config]
+
+        def on_hangup() -> None:
+            running[0] = _reload(reload_from, running[0], engine, tls, announce=worker == 0)
+
+        loop.add_signal_handler(signal.SIGHUP, on_hangup)
     if config.clustered:  # a star around the member agent, which coordinates every subject
         engine.bus = Bus(
             worker,
@@ -259,6 +270,38 @@ def _run_loop(main: Callable[[], asyncio.Future[None] | object]) -> None:
     uvloop.run(main())  # type: ignore[arg-type]
 
 
+def _reload(path: str, current: Config, engine: Engine, tls: ssl.SSLContext | None, *, announce: bool) -> Config:
+    """SIGHUP in a worker: the file's live keys apply to requests from now on, without dropping a connection;
+    a change that needs a restart is refused with one line naming its key (worker 0 says it for the node)."""
+    try:
+        new = Config.from_file(path)
+    except ConfigError as exc:
+        if announce:
+            log.error("SIGHUP: %s not reloaded, the running configuration stays: %s", path, "; ".join(exc.errors))
+        return current
+    except OSError as exc:
+        if announce:
+            log.error("SIGHUP: %s not reloaded, the running configuration stays: %s", path, exc.strerror or exc)
+        return current
+    config, applied, refused = reload.merged(current, new)
+    if announce:
+        for change in refused:
+            log.warning(
+                "SIGHUP: %s: %s changed, but a running node cannot change it: the old value stays until a restart",
+                path,
+                change.key,
+            )
+    if applied:
+        engine.reconfigure(config)
+        logging.getLogger().setLevel(config.log_level.value)
+    if announce:
+        keys = ", ".join(c.key for c in applied) or "no key that applies live changed"
+        log.info("SIGHUP: configuration reloaded from %s: %s", path, keys)
+    if tls is not None:
+        _reload_certificate(tls, config)
+    return config
+
+
 def _reload_certificate(context: ssl.SSLContext, config: Config) -> None:
     """SIGHUP: serve the certificate now on disk to new connections; keep the old on error."""
     try:
@@ -274,7 +317,9 @@ def _worker_main(config: Config, sockets: list[Listener], **kwargs: object) -> N
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         tls = kwargs.get("tls")
-        if isinstance(tls, ssl.SSLContext):
+        if kwargs.get("reload_from"):
+            pass  # serve() reloads the configuration file on SIGHUP, certificate included
+        elif isinstance(tls, ssl.SSLContext):
             loop.add_signal_handler(signal.SIGHUP, _reload_certificate, tls, config)
         else:  # `systemctl reload` without TLS: nothing to reload, and SIGHUP's default would kill the worker
             loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: no TLS listener, nothing to reload")
@@ -394,7 +439,7 @@ def run(config: Config, config_path: str = "") -> int:
     )
     if workers == 1 and not config.clustered:
         try:
-            _worker_main(config, per_worker[0], epoch=epoch, tls=tls)
+            _worker_main(config, per_worker[0], epoch=epoch, tls=tls, reload_from=config_path)
         except OSError as exc:  # a log that cannot be opened, ...
             print(f"{config_path}: cannot start: {exc}", file=sys.stderr)
             log.error("cannot start: %s", exc)
@@ -491,6 +536,7 @@ def _supervise(
                         tls=tls,
                         incarnation=incarnation,
                         secret=secret,
+                        reload_from=config_path,
                     )
             except OSError as exc:  # cannot open a log, bind, ...: the same at every restart
                 print(f"{role_name(index, workers)} cannot start: {exc}", file=sys.stderr)
@@ -507,11 +553,16 @@ def _supervise(
         signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
 
     def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stopping
+        nonlocal stopping, config
         if signum in (signal.SIGTERM, signal.SIGINT):
             stopping = True
-        elif signum == signal.SIGHUP and tls is not None:
-            _reload_certificate(tls, config)  # so that a worker started later serves the new one too
+        elif signum == signal.SIGHUP:
+            # so that a worker started later serves the live keys and certificate its siblings took
+            if config_path:
+                with contextlib.suppress(ConfigError, OSError):
+                    config = reload.merged(config, Config.from_file(config_path))[0]
+            if tls is not None:
+                _reload_certificate(tls, config)
         for pid in list(children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM if signum != signal.SIGHUP else signal.SIGHUP)
