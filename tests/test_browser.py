@@ -311,3 +311,46 @@ try {{
     finally:
         app.shutdown()
         app.server_close()
+
+
+def test_the_dashboard_shows_the_last_hour_and_every_member(browser: Any, tmp_path: Path) -> None:
+    """Issue 34: the dashboard of any member opens with the history the node keeps already drawn, one chart per
+    indicator, and shows every member of the cluster with its link, the quorum, the leader and the term."""
+    from migratory.bench.cluster import LocalCluster
+
+    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
+        cluster.start_all()
+        for index in range(3):
+            cluster.wait_view(index, {0, 1, 2})
+
+        async def traffic() -> None:
+            async with MigratoryClient([cluster.members[1].ws_url]) as client:  # the node whose page we open
+                await client.subscribe(["/dash/h"])
+                for n in range(30):
+                    await client.publish("/dash/h", f"{n}".encode())
+                    await asyncio.sleep(0.1)
+
+        in_thread(traffic)
+        time.sleep(2)  # a few seconds of history sampled
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{cluster.members[1].monitor_url}/dashboard")
+        page.wait_for_selector("body[data-history=drawn]", timeout=20000)
+        charts = page.eval_on_selector_all("canvas", "cs => cs.map(c => [c.id, Number(c.dataset.points || 0)])")
+        assert len(charts) == 7, charts  # the seven indicators
+        assert all(points >= 5 for _, points in charts), charts  # drawn from the node's history, not from scratch
+        peak = float(page.get_attribute("#c-messages_in_per_second", "data-peak") or 0)
+        assert peak >= 3, peak  # the traffic of a few seconds ago (10 publications a second) is on it
+        page.wait_for_selector("#member-2", timeout=20000)
+        rows = {
+            i: str(page.text_content(f"#member-{i}") or "") for i in range(3) if page.query_selector(f"#member-{i}")
+        }
+        assert set(rows) == {0, 1, 2}, rows
+        assert "this member" in rows[1] and "up" in rows[0] and "up" in rows[2], rows
+        summary = str(page.text_content("#cluster-summary") or "")
+        assert "quorum yes" in summary and "leader member" in summary and "term" in summary, summary
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-cluster.png"), full_page=True)
+        assert not errors, errors
+        page.close()

@@ -192,6 +192,8 @@ async def serve_agent(
             "snapshots": len(machine.replica),
             "groups": len(machine.coordinated()),
             "ready": machine.ready,
+            # the node's seven indicators now: every member's dashboard shows the whole cluster
+            "indicators": {k: round(v, 1) for k, v in counters.stats.current().items()} if counters is not None else {},
         }
 
     machine.status = status

@@ -214,6 +214,11 @@ class Monitor:
             document["cluster"] = cluster_document(self.engine)
         return document
 
+    def history(self, seconds: int = 3600) -> dict[str, Any]:
+        """``/stats/history``: the last hour of every indicator, ``[unix second, average]`` points, oldest first."""
+        now = int(time.time())
+        return {"now": now, "seconds": seconds, "indicators": self.node.series(now, seconds)}
+
     def metrics(self) -> bytes:
         totals, denied, listeners = self.shared.node()
         restarts, root, started = self.shared.supervisor()
@@ -256,7 +261,7 @@ def cluster_document(engine: Engine) -> dict[str, Any]:
             stats = {}
             row["state"] = "down"
             row["rtt_ms"] = None
-        for key in ("groups", "subjects", "snapshots", "clients"):
+        for key in ("groups", "subjects", "snapshots", "clients", "indicators"):
             row[key] = stats.get(key)
         rows.append(row)
     return {
@@ -341,6 +346,8 @@ class MonitorConnection(asyncio.Protocol):
             self._answer(405, b"use GET\n")
         elif path == "/stats":
             self._send(json_response(200, self.monitor.stats(), keep_alive=False))
+        elif path == "/stats/history":
+            self._send(json_response(200, self.monitor.history(), keep_alive=False))
         elif path == "/metrics":
             self._send(response(200, self.monitor.metrics(), metrics.CONTENT_TYPE, keep_alive=False))
         elif path == "/health":
@@ -356,7 +363,7 @@ class MonitorConnection(asyncio.Protocol):
             else:
                 self._send(json_response(200, cluster_document(self.monitor.engine), keep_alive=False))
         else:
-            self._answer(404, b"try /dashboard, /stats, /metrics, /health or /cluster\n")
+            self._answer(404, b"try /dashboard, /stats, /stats/history, /metrics, /health or /cluster\n")
 
     def _answer(self, status: int, body: bytes) -> None:
         self._send(response(status, body, keep_alive=False))
