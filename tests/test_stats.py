@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import statistics
 
@@ -92,3 +93,24 @@ def test_one_minute_window_matches_the_last_sixty_samples(values: list[int]) -> 
     assert got["samples"] == len(expected)
     assert got["max"] == max(expected)
     assert got["avg"] == pytest.approx(statistics.fmean(expected))
+
+
+def test_the_last_hour_as_chart_points() -> None:
+    """/stats/history: one point a second for the last 15 minutes, one a minute before, oldest first, exact."""
+    stats = NodeStats()
+    values = [float(i % 50) for i in range(2 * HOUR)]
+    now = feed(stats, values)
+    series = stats.series(now, HOUR)["messages_in_per_second"]
+    times = [t for t, _ in series]
+    assert times == sorted(times) and times[0] >= now - HOUR and times[-1] <= now
+    fine = [(t, v) for t, v in series if t >= now - 900]
+    coarse = [(t, v) for t, v in series if t < now - 900]
+    assert len(fine) == 900 and all(t2 - t1 == 1 for (t1, _), (t2, _) in itertools.pairwise(fine))
+    assert fine[-1][1] == values[-1]  # the newest second as sampled
+    assert 44 <= len(coarse) <= 46 and all(t % 60 == 0 for t, _ in coarse)  # the 45 minutes before, by the minute
+    start = 10 * HOUR
+    for t, v in coarse:  # each minute's average of what was sampled in it
+        minute = [values[s - start] for s in range(t, t + 60) if 0 <= s - start < len(values)]
+        assert v == pytest.approx(statistics.fmean(minute))
+    short = stats.series(now, 10)
+    assert len(short) == 7 and [v for _, v in short["messages_in_per_second"]] == values[-10:]
