@@ -398,7 +398,7 @@ def test_the_c_sealer_under_address_and_undefined_behaviour_sanitizers(tmp_path:
     built = tmp_path / f"_tlsseal{suffix}"
     command = ["gcc", "-shared", "-fPIC", "-O1", "-g", "-Wall", *SANITIZERS]
     command += [f"-I{folder}" for folder in sorted(include)]
-    command += [str(ROOT / "migratory" / "server" / "_tlsseal.c"), "-o", str(built)]
+    command += [str(ROOT / "migratory" / "server" / "transport" / "_tlsseal.c"), "-o", str(built)]
     compiled = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert compiled.returncode == 0, compiled.stderr
     assert "warning" not in compiled.stderr, compiled.stderr
