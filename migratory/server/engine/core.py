@@ -146,16 +146,8 @@ class Engine:
         self.stream_registry = StreamRegistry(worker)
         self.streams = self.stream_registry.streams
         self.rate = ConnectionRate(config.max_connection_rate_per_address)
-        self.entitlement = build_entitlement(
-            config.entitlement,
-            config.entitlement_allow_token,
-            config.entitlement_jwt_secret,
-            config.entitlement_jwt_public_key,
-            config.entitlement_custom_class,
-        )
-        self.gatekeeper = Gatekeeper(self.entitlement, AddressList(config.publish_allow_from))
+        self._admission(config)
         self.authorizer: Authorizer = self.gatekeeper
-        self.async_entitlement = isinstance(self.entitlement, CustomEntitlement) and self.entitlement.is_async
         self._in_order = InOrder(loop)
         self.access_log = access_log
         self.message_log = message_log
@@ -181,6 +173,15 @@ class Engine:
         """SIGHUP: a configuration whose live keys (migratory/reload.py) changed, for requests from now on:
         entitlement, the publish address list, slow-consumer limits. Connections and subscriptions stay."""
         self.config = config
+        replaced = self.authorizer is self.gatekeeper
+        self._admission(config)
+        if replaced:  # a hook set by an embedding application stays
+            self.authorizer = self.gatekeeper
+        self.max_pending = config.max_pending_output
+        self.drop_slow = config.slow_consumer_policy.value == "Drop"
+
+    def _admission(self, config: Config) -> None:
+        """The configured entitlement and publish address list, behind the gatekeeper."""
         self.entitlement = build_entitlement(
             config.entitlement,
             config.entitlement_allow_token,
@@ -188,13 +189,8 @@ class Engine:
             config.entitlement_jwt_public_key,
             config.entitlement_custom_class,
         )
-        replaced = self.authorizer is self.gatekeeper
         self.gatekeeper = Gatekeeper(self.entitlement, AddressList(config.publish_allow_from))
-        if replaced:  # a hook set by an embedding application stays
-            self.authorizer = self.gatekeeper
         self.async_entitlement = isinstance(self.entitlement, CustomEntitlement) and self.entitlement.is_async
-        self.max_pending = config.max_pending_output
-        self.drop_slow = config.slow_consumer_policy.value == "Drop"
 
     def start(self) -> None:
         """Start the housekeeping tick."""
