@@ -430,7 +430,9 @@ async def _ws_publish(
     listed = servers is not None and len(servers) > 1
     client = await _open(url, token, reconnect=False, servers=servers, on_status=_say_failover if listed else None)
     try:
-        return (await client.publish(subject, data, fields=fields, retained=retained)).name
+        # a cluster's publication answered FAILED while a dead member's groups move is sent again, same id
+        retries = 5 if listed else 0
+        return (await client.publish(subject, data, fields=fields, retained=retained, retries=retries)).name
     finally:
         await client.close()
 
