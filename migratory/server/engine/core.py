@@ -229,7 +229,7 @@ class Engine:
         self._closed = True
         for conn in list(self.connections):
             conn.shutdown()
-        self.flush_dirty()
+        self.fanout.flush_dirty()
         deadline = self.loop.time() + timeout
         while self.connections and self.loop.time() < deadline:
             await asyncio.sleep(0.02)
@@ -259,14 +259,7 @@ class Engine:
             return self.bus.send(target, Relay(worker, stream, payload))
         return self.stream_registry.input(stream, payload)
 
-    # --- output scheduling and timers -------------------------------------------------
-
-    def mark_batch(self, conn: Client) -> None:
-        """With BatchingTime: the connection's output waits for the shared batching timer."""
-        self.fanout.mark_batch(conn)
-
-    def flush_dirty(self) -> None:
-        self.fanout.flush_dirty()
+    # --- timers -----------------------------------------------------------------------
 
     def schedule(self, conn: Client, when: float) -> None:
         """Have ``conn.on_timer`` called at (about) loop time ``when``, at 1 s granularity."""

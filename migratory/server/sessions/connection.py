@@ -253,10 +253,10 @@ class Connection(Session, asyncio.Protocol):
                 return
             self.pending = data
             self.pending_bytes = len(data)
+            fanout = engine.fanout
             if engine.batching_time:
-                engine.mark_batch(self)
+                fanout.mark_batch(self)
             else:
-                fanout = engine.fanout
                 fanout.dirty.append(self)
                 if not fanout.armed:
                     fanout.armed = True
