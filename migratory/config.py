@@ -451,6 +451,23 @@ class Config:
         "disables them. Needs TLSCertificate and TLSKey.",
         shown="none",
     )
+    listen_mqtt: tuple[Endpoint, ...] = key(
+        "ListenMqtt",
+        (),
+        _parse_optional_endpoints,
+        "MQTT 3.1.1 and 5.0 listeners over TCP (mqtt://, usually port 1883), comma-separated addr:port; "
+        "none disables them. MQTT over WebSocket needs no key: path /mqtt on Listen and ListenEncrypted "
+        "(docs/mqtt.md).",
+        shown="none",
+    )
+    listen_mqtt_encrypted: tuple[Endpoint, ...] = key(
+        "ListenMqttEncrypted",
+        (),
+        _parse_optional_endpoints,
+        "MQTT over TLS listeners (mqtts://, usually port 8883), comma-separated addr:port; none disables "
+        "them. Needs TLSCertificate and TLSKey (the same certificate as ListenEncrypted, reloaded on SIGHUP).",
+        shown="none",
+    )
     tls_certificate: str = key(
         "TLSCertificate",
         "",
@@ -752,6 +769,25 @@ class Config:
         if problems:
             raise ValueError(problems[0])
 
+    def _port_collisions(self) -> list[str]:
+        """Two listener keys naming one address and port: the second could never bind."""
+        seen: dict[tuple[str, int], str] = {}
+        out: list[str] = []
+        for name, endpoints in (
+            ("Listen", self.listen),
+            ("ListenEncrypted", self.listen_encrypted),
+            ("ListenMqtt", self.listen_mqtt),
+            ("ListenMqttEncrypted", self.listen_mqtt_encrypted),
+            ("MonitorHTTP.Listen", self.monitor_listen),
+            ("MonitorHTTP.ListenEncrypted", self.monitor_listen_encrypted),
+        ):
+            for endpoint in endpoints:
+                where = (endpoint.host, endpoint.port)
+                if where in seen and seen[where] != name:
+                    out.append(f"{name}: {endpoint} is also a {seen[where]} listener")
+                seen.setdefault(where, name)
+        return out
+
     def problems(self) -> list[str]:
         """Every cross-key problem, each as ``Key: what is wrong``."""
         out: list[str] = []
@@ -759,6 +795,9 @@ class Config:
             out.append("Listen: at least one listener is required")
         if self.listen_encrypted and not (self.tls_certificate and self.tls_key):
             out.append("ListenEncrypted: needs TLSCertificate and TLSKey")
+        if self.listen_mqtt_encrypted and not (self.tls_certificate and self.tls_key):
+            out.append("ListenMqttEncrypted: needs TLSCertificate and TLSKey")
+        out.extend(self._port_collisions())
         if self.entitlement == "Basic" and not self.entitlement_allow_token:
             out.append("Entitlement: Basic needs EntitlementAllowToken")
         if self.entitlement == "JWT" and not (self.entitlement_jwt_secret or self.entitlement_jwt_public_key):
@@ -838,7 +877,14 @@ class Config:
             out.append("ClusterHeartbeatTimeout: must be at least twice ClusterHeartbeatInterval")
         out.extend(self._consensus_collisions())
         if me is not None:
-            listeners = (*self.listen, *self.listen_encrypted, *self.monitor_listen, *self.monitor_listen_encrypted)
+            listeners = (
+                *self.listen,
+                *self.listen_encrypted,
+                *self.listen_mqtt,
+                *self.listen_mqtt_encrypted,
+                *self.monitor_listen,
+                *self.monitor_listen_encrypted,
+            )
             ports = {e.port: str(e) for e in listeners}
             used = [me.port] + ([me.port + 1] if guaranteed and self.member_index < self.seed_count else [])
             for port in used:

@@ -10,7 +10,16 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["SubjectSet", "SubjectSubscribers", "SubscriptionIndex", "subject_set_add", "subject_set_remove"]
+from migratory.topics import pattern_matches
+
+__all__ = [
+    "PatternIndex",
+    "SubjectSet",
+    "SubjectSubscribers",
+    "SubscriptionIndex",
+    "subject_set_add",
+    "subject_set_remove",
+]
 
 SubjectSet = tuple[()] | str | list[str] | set[str]
 """A client's own subjects, as small as its count allows: nothing, the subject
@@ -134,3 +143,43 @@ class SubscriptionIndex(Generic[S]):
 
     def subjects(self) -> list[str]:
         return list(self._subjects)
+
+
+class PatternIndex(Generic[S]):
+    """Wildcard subscriptions (MQTT ``+`` and ``#``): pattern key -> (levels, subscribers).
+
+    Matched by walking every pattern on each delivery: the fan-out pays only while some client
+    of this worker holds a wildcard subscription, and in proportion to the distinct patterns.
+    """
+
+    __slots__ = ("_patterns",)
+
+    def __init__(self) -> None:
+        self._patterns: dict[str, tuple[tuple[str, ...], set[S]]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._patterns)
+
+    def add(self, key: str, pattern: tuple[str, ...], subscriber: S) -> None:
+        entry = self._patterns.get(key)
+        if entry is None:
+            entry = self._patterns[key] = (pattern, set())
+        entry[1].add(subscriber)
+
+    def remove(self, key: str, subscriber: S) -> bool:
+        entry = self._patterns.get(key)
+        if entry is None or subscriber not in entry[1]:
+            return False
+        entry[1].discard(subscriber)
+        if not entry[1]:
+            del self._patterns[key]
+        return True
+
+    def match(self, subject: str) -> set[S]:
+        """The subscribers of every pattern ``subject`` matches (each once)."""
+        levels = subject[1:].split("/")
+        found: set[S] = set()
+        for pattern, members in self._patterns.values():
+            if pattern_matches(pattern, levels):
+                found |= members
+        return found

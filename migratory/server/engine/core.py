@@ -66,6 +66,7 @@ from migratory.subscriptions import (
     subject_set_len,
     subject_set_remove,
 )
+from migratory.topics import pattern_matches
 from migratory.websocket import OP_BINARY, build_frame
 
 if TYPE_CHECKING:
@@ -221,6 +222,9 @@ class Engine:
         conn.subscriptions = ()
         self.stats.subscriptions -= len(subjects)
         for subject in subjects:
+            if subject[0] == "\x00":
+                self.fanout.patterns.remove(subject, conn)
+                continue
             self.index.remove(subject, conn)
             self._interest_changed(subject)
 
@@ -367,11 +371,36 @@ class Engine:
         self._snapshot_frames[subject] = (snapshot.seq, frame)
         return frame
 
+    def subscribe_pattern(self, conn: Client, key: str, pattern: tuple[str, ...]) -> tuple[Status, str]:
+        """A wildcard subscription (MQTT), already entitled by the session; ``key`` names it (NUL-led)."""
+        if (
+            not subject_set_contains(conn.subscriptions, key)
+            and subject_set_len(conn.subscriptions) >= self.config.max_subscriptions_per_client
+        ):
+            reason = f"MaxSubscriptionsPerClient ({self.config.max_subscriptions_per_client}) reached"
+            self.deny(conn.origin(), "subscribe", "subscription_limit", reason, key[1:])
+            return Status.LIMIT_EXCEEDED, reason
+        if not subject_set_contains(conn.subscriptions, key):
+            self.stats.subscriptions += 1
+        key = sys.intern(key)
+        self.fanout.patterns.add(key, pattern, conn)
+        conn.subscriptions = subject_set_add(conn.subscriptions, key)
+        self.access("subscribe", conn, subject=key[1:], conflation_ms=0)
+        return Status.OK, ""
+
+    def matching_subjects(self, pattern: tuple[str, ...]) -> list[str]:
+        """The subjects with a snapshot here that ``pattern`` matches (what a wildcard subscription gets first)."""
+        return [s for s in self.replica.subjects() if pattern_matches(pattern, s[1:].split("/"))]
+
     def unsubscribe(self, conn: Client, subject: str) -> bool:
         conn.subscriptions, found = subject_set_remove(conn.subscriptions, subject)
         if not found:
             return False
         self.stats.subscriptions -= 1
+        if subject[0] == "\x00":  # a wildcard pattern's key (subscribe_pattern)
+            self.fanout.patterns.remove(subject, conn)
+            self.access("unsubscribe", conn, subject=subject[1:])
+            return True
         self.index.remove(subject, conn)
         self._interest_changed(subject)
         self.access("unsubscribe", conn, subject=subject)

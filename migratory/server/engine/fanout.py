@@ -16,7 +16,7 @@ from migratory.conflation import ConflationBuffer, next_boundary
 from migratory.protocol import NotifyCode, encode_delivery, encode_notify
 from migratory.replica import Entry
 from migratory.server.engine.types import Client, Stats
-from migratory.subscriptions import SubscriptionIndex
+from migratory.subscriptions import PatternIndex, SubscriptionIndex
 from migratory.websocket import OP_BINARY, build_frame
 
 __all__ = ["FanOut"]
@@ -37,6 +37,7 @@ class FanOut:
         self.snapshot_frame = snapshot_frame
         self.batching_time = batching_time
         self.index: SubscriptionIndex[Client] = SubscriptionIndex()
+        self.patterns: PatternIndex[Client] = PatternIndex()  # MQTT wildcard subscriptions
         self.dirty: list[Client] = []  # clients with output pending, written by flush_dirty
         self.armed = False  # flush_dirty is scheduled for the end of this turn
         self._batch_dirty: list[Client] = []
@@ -70,11 +71,12 @@ class FanOut:
     def deliver(self, subject: str, entry: Entry, guaranteed: bool) -> tuple[int, int]:
         """Queue one message for every local subscriber; return (recipients, frame size)."""
         index = self.index.get(subject)
-        if index is None:
+        matched = self.patterns.match(subject) if self.patterns else None
+        if index is None and not matched:
             return 0, 0
         recipients = 0
         frame_size = 0
-        if index.plain:
+        if (index is not None and index.plain) or matched:
             frame = build_frame(
                 OP_BINARY,
                 encode_delivery(
@@ -87,31 +89,43 @@ class FanOut:
                     guaranteed=guaranteed,
                 ),
             )
-            for client in index.plain:
-                client.send(frame)  # kept a method call: the queueing rules live in one place
-            recipients = len(index.plain)
+            if index is not None:
+                for client in index.plain:
+                    client.send(frame)  # kept a method call: the queueing rules live in one place
+                recipients = len(index.plain)
+                if matched:
+                    matched.difference_update(index.plain)  # a client matched twice gets it once
+            if matched:
+                for client in matched:
+                    client.send(frame)
+                recipients += len(matched)
             frame_size = len(frame)
             self.stats.bytes_out += recipients * frame_size
-        for period, members in index.conflated.items():
-            buffer = self._conflation.get(period)
-            if buffer is None:
-                buffer = self._conflation[period] = ConflationBuffer(period)
-            buffer.add(subject, entry.content, entry.fields, entry.seq, entry.epoch, entry.retained)
-            if period not in self._conflation_armed:
-                self._arm_conflation(period)
-            recipients += len(members)
+        if index is not None:
+            for period, members in index.conflated.items():
+                buffer = self._conflation.get(period)
+                if buffer is None:
+                    buffer = self._conflation[period] = ConflationBuffer(period)
+                buffer.add(subject, entry.content, entry.fields, entry.seq, entry.epoch, entry.retained)
+                if period not in self._conflation_armed:
+                    self._arm_conflation(period)
+                recipients += len(members)
         self.stats.messages_out += recipients
         return recipients, frame_size
 
     def resync(self, subject: str) -> None:
         """The subject's history was replaced: its subscribers get the snapshot, flagged as a resync."""
         index = self.index.get(subject)
-        if index is None:
+        matched = self.patterns.match(subject) if self.patterns else set()
+        if index is None and not matched:
             return
         self.stats.resyncs += 1
         snapshot = self.snapshot_frame(subject)
         notify = build_frame(OP_BINARY, encode_notify(NotifyCode.DATA_RESYNC, subject))
-        for client in (*index.plain, *(c for members in index.conflated.values() for c in members)):
+        clients = set(matched)
+        if index is not None:
+            clients.update(index.plain, *index.conflated.values())
+        for client in clients:
             if client.version >= 2:
                 client.send(notify)
             if snapshot is not None:

@@ -37,6 +37,7 @@ from migratory.server.node.bus import Bus
 from migratory.server.node.counters import SharedCounters
 from migratory.server.process.monitor import Monitor, MonitorConnection
 from migratory.server.sessions.connection import Connection
+from migratory.server.sessions.mqtt import MqttConnection
 from migratory.server.transport import raw as rawtransport
 from migratory.server.transport.context import build_context, reload_context
 
@@ -118,10 +119,14 @@ def _setup_logging(config: Config) -> None:
 
 def listener_names(config: Config) -> tuple[str, ...]:
     """The client listeners, as the access log and the monitor name them."""
-    return tuple(str(e) for e in (*config.listen, *config.listen_encrypted))
+    return tuple(
+        str(e) for e in (*config.listen, *config.listen_encrypted, *config.listen_mqtt, *config.listen_mqtt_encrypted)
+    )
 
 
-def _factory(engine: Engine, listener: str, scheme: str) -> Callable[[], Connection]:
+def _factory(engine: Engine, listener: str, scheme: str) -> Callable[[], asyncio.Protocol]:
+    if scheme in ("mqtt", "mqtts"):
+        return lambda: MqttConnection(engine, listener, scheme)
     return lambda: Connection(engine, listener, scheme)
 
 
@@ -199,7 +204,7 @@ async def serve(
     poller: rawtransport.Poller | None = None  # plain listeners' connections (LeanTransport)
     for endpoint, sock, scheme in sockets:
         listener = str(endpoint)
-        if scheme == "wss":
+        if scheme in ("wss", "mqtts"):
             # wss:// and https://: OpenSSL for the handshake, then the lean record layer (bench/tls.md)
             from migratory.server.transport.tls import TLSServer
 
@@ -379,7 +384,7 @@ def run(config: Config, config_path: str = "") -> int:
     for line in checked.warnings:
         log.warning("%s", line)
     tls: ssl.SSLContext | None = None
-    if config.listen_encrypted or config.monitor_listen_encrypted:
+    if config.listen_encrypted or config.monitor_listen_encrypted or config.listen_mqtt_encrypted:
         try:
             tls = build_context(config)
         except CertError as exc:
@@ -390,6 +395,8 @@ def run(config: Config, config_path: str = "") -> int:
     schemes = (
         [(e, "ws") for e in config.listen]
         + [(e, "wss") for e in config.listen_encrypted]
+        + [(e, "mqtt") for e in config.listen_mqtt]
+        + [(e, "mqtts") for e in config.listen_mqtt_encrypted]
         + [(e, "monitor") for e in config.monitor_listen]
         + [(e, "monitor-tls") for e in config.monitor_listen_encrypted]
     )
@@ -397,6 +404,8 @@ def run(config: Config, config_path: str = "") -> int:
     keys = {
         "ws": "Listen",
         "wss": "ListenEncrypted",
+        "mqtt": "ListenMqtt",
+        "mqtts": "ListenMqttEncrypted",
         "monitor": "MonitorHTTP.Listen",
         "monitor-tls": "MonitorHTTP.ListenEncrypted",
         "member": "ClusterMemberListen",

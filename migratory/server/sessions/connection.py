@@ -552,6 +552,9 @@ class Connection(Session, asyncio.Protocol):
             f"Sec-WebSocket-Accept: {accept_key(key)}",
         ]
         offered = [s.strip() for s in request.headers.get("sec-websocket-protocol", "").split(",") if s.strip()]
+        if request.path == "/mqtt":
+            self._upgrade_mqtt(request, lines, offered)
+            return
         if "migratory.v1" in offered:
             lines.append("Sec-WebSocket-Protocol: migratory.v1")
         self.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
@@ -569,6 +572,27 @@ class Connection(Session, asyncio.Protocol):
         self.inbuf = b""
         if rest:
             self._ws_received(rest)
+
+    def _upgrade_mqtt(self, request: Request, lines: list[str], offered: list[str]) -> None:
+        """``/mqtt``: MQTT over WebSocket; the connection is handed to an MQTT session (same transport)."""
+        from migratory.server.sessions.mqtt import MqttConnection
+
+        if "mqtt" not in offered:
+            self._http_error(400, "MQTT over WebSocket needs the subprotocol mqtt", request=request)
+            return
+        lines.append("Sec-WebSocket-Protocol: mqtt")
+        self.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        self.flush()
+        transport = self.transport
+        assert transport is not None
+        engine = self.engine
+        mqtt = MqttConnection(engine, self.listener, "wss-mqtt" if self.tls else "ws-mqtt")
+        rest, self.inbuf = self.inbuf, b""
+        # this object leaves quietly: no disconnect is logged for it, its timer and registration go
+        self.state = _CLOSED
+        self.transport = None
+        engine.unregister(self)
+        mqtt.adopt(transport, self.addr, self.port, self.sid, rest)
 
     # --- WebSocket --------------------------------------------------------------------
 

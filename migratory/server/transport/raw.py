@@ -122,6 +122,14 @@ class RawTransport:
         finally:
             sock.detach()
 
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        """A WebSocket upgrade hands the connection to another session protocol (MQTT over WebSocket)."""
+        assert isinstance(protocol, asyncio.Protocol)
+        self.protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.protocol
+
     def is_closing(self) -> bool:
         return self._closing
 

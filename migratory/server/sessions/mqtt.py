@@ -1,0 +1,934 @@
+"""An MQTT 3.1.1 or 5.0 client: a session protocol beside the native one (docs/mqtt.md).
+
+The same engine serves it: its subscriptions sit in the engine's index (wildcards in the
+fan-out's pattern index), its publications are numbered by the subject's coordinator like any
+other, and what reaches it is the engine's one frame per publication, turned into a PUBLISH
+here. The conversion is cached for the frame being fanned out (the last one seen), so a
+message reaching many MQTT subscribers is decoded once and, for QoS 0 without per-client
+properties, encoded once.
+
+One class carries TCP (``ListenMqtt``), TLS (``ListenMqttEncrypted``, the lean record layer
+under it) and WebSocket (``/mqtt`` on the client listeners, subprotocol ``mqtt``: the HTTP
+connection hands its transport over after the upgrade). Like the native connection it has no
+task or timer of its own: the engine's timer wheel drives the CONNECT deadline and keep-alive.
+
+Publications are acknowledged in the order they arrived (3.1.1 requires it; 5.0 clients expect
+it). A publication the cluster could not take (FAILED, a coordinator moving) is never
+acknowledged: the connection closes (version 5: DISCONNECT "server unavailable") and the client
+sends it again with DUP set, which is MQTT's at-least-once contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import deque
+from typing import Any, cast
+
+from migratory import mqtt as m
+from migratory import protocol as p
+from migratory.message import Message, QoS
+from migratory.server.engine.core import Engine, Origin, PublishResult
+from migratory.server.engine.types import Client
+from migratory.subscriptions import SubjectSet
+from migratory.topics import Filter, TopicError, parse_filter, pattern_matches, subject_to_topic, topic_to_subject
+from migratory.websocket import (
+    CLOSE_NORMAL,
+    OP_BINARY,
+    OP_CLOSE,
+    OP_PING,
+    OP_PONG,
+    FrameParser,
+    WebSocketError,
+    build_close,
+    build_frame,
+)
+
+__all__ = ["MqttConnection"]
+
+_CONNECTING = 0
+_CONNECTED = 1
+_CLOSING = 2
+_CLOSED = 3
+
+TOPIC_ALIAS_MAXIMUM = 32
+"""Topic aliases a version 5 client may set on this server (each costs one dict entry)."""
+
+_FRAME_CACHE: list[Any] = [None, None, b"", b"", b"", []]
+"""[frame, its Delivery, its topic, its version 5 properties, its QoS 0 PUBLISH (3.1.1), its fields as user
+properties]: the frame being fanned out now."""
+
+_STATUS_CODES = {
+    p.Status.OK: m.Rc.SUCCESS,
+    p.Status.NO_SUBSCRIBER: m.Rc.NO_MATCHING_SUBSCRIBERS,
+    p.Status.DENIED: m.Rc.NOT_AUTHORIZED,
+    p.Status.INVALID_SUBJECT: m.Rc.TOPIC_NAME_INVALID,
+    p.Status.TOO_LARGE: m.Rc.IMPLEMENTATION_SPECIFIC,
+    p.Status.LIMIT_EXCEEDED: m.Rc.QUOTA_EXCEEDED,
+}
+"""A publication's outcome as a PUBACK reason code (FAILED has none: the connection closes, the client resends)."""
+
+
+class _SubOptions:
+    """What a subscription asked for: granted QoS, its subscription identifier, retain-as-published."""
+
+    __slots__ = ("filter", "qos", "rap", "sub_id")
+
+    def __init__(self, filt: Filter, qos: int, sub_id: int, rap: bool) -> None:
+        self.filter = filt
+        self.qos = qos
+        self.sub_id = sub_id
+        self.rap = rap
+
+
+class _Flow:
+    """The per-client state of QoS 1 and 2 and of version 5 extras, created on first use (idle clients have none)."""
+
+    __slots__ = ("acks", "aliases", "awaiting_rel", "inflight", "next_id", "queue")
+
+    def __init__(self) -> None:
+        self.inflight: dict[int, bytes] = {}  # packet id -> the PUBLISH sent, awaiting PUBACK
+        self.queue: deque[tuple[int, bytes]] = deque()  # QoS 1 deliveries beyond the client's receive maximum
+        self.next_id = 0
+        self.acks: deque[list[Any]] = deque()  # [packet id, kind, reason code or None while unanswered]
+        self.awaiting_rel: set[int] = set()  # QoS 2 publications acknowledged with PUBREC, until PUBREL
+        self.aliases: dict[int, str] = {}
+
+
+class MqttConnection(asyncio.Protocol):
+    """One MQTT client connection; ``__slots__`` keep an idle one as small as a native one."""
+
+    __slots__ = (
+        "addr",
+        "bytes_in",
+        "bytes_out",
+        "client_id",
+        "deadline",
+        "engine",
+        "flow",
+        "keep_alive",
+        "last_rx",
+        "level",
+        "limits",
+        "listener",
+        "msgs_in",
+        "msgs_out",
+        "options",
+        "paused",
+        "pending",
+        "pending_bytes",
+        "port",
+        "reader",
+        "reason",
+        "scheme",
+        "sid",
+        "started",
+        "state",
+        "subscriptions",
+        "token",
+        "transport",
+        "wheel_at",
+        "will",
+        "wsparser",
+    )
+
+    version = 2  # the engine sends NOTIFY_DATA_RESYNC and its snapshot: the snapshot becomes a retained PUBLISH
+
+    def __init__(self, engine: Engine, listener: str, scheme: str) -> None:
+        self.engine = engine
+        self.listener = listener
+        self.scheme = scheme  # "mqtt", "mqtts", "ws-mqtt" or "wss-mqtt"
+        self.transport: asyncio.Transport | None = None
+        self.state = _CONNECTING
+        self.reader: m.PacketReader | None = None
+        self.wsparser: FrameParser | None = None
+        self.level = 4
+        self.client_id = ""
+        self.keep_alive = 0
+        self.limits: tuple[int, int] = (65535, 0)  # the client's receive maximum and maximum packet size (0: none)
+        self.options: dict[str, _SubOptions] | None = None
+        self.flow: _Flow | None = None
+        self.will: m.Will | None = None
+        self.token = ""
+        self.subscriptions: SubjectSet = ()
+        self.pending: bytes | list[bytes] | None = None
+        self.pending_bytes = 0
+        self.paused = False
+        self.sid = 0
+        self.addr = ""
+        self.port = 0
+        self.reason = ""
+        self.started = self.last_rx = self.deadline = 0.0
+        self.msgs_in = self.msgs_out = self.bytes_in = self.bytes_out = 0
+        self.wheel_at = 0
+
+    # --- identity ---------------------------------------------------------------------
+
+    @property
+    def websocket(self) -> bool:
+        return self.scheme.startswith("ws")
+
+    @property
+    def open(self) -> bool:
+        return self.state < _CLOSING
+
+    @property
+    def session(self) -> str:
+        return self.engine.session_name(self.sid)
+
+    def origin(self) -> Origin:
+        return Origin(self.addr, self.port, self.session, self.scheme, self.token, self.listener)
+
+    def log_fields(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "addr": self.addr,
+            "port": self.port,
+            "listener": self.listener,
+            "protocol": self.scheme,
+            "tls": self.scheme in ("mqtts", "wss-mqtt"),
+            "client_id": self.client_id,
+        }
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    # --- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.addr = sys.intern(str(peer[0]))
+            self.port = int(peer[1])
+        engine = self.engine
+        self.sid = engine.new_session()
+        now = engine.loop.time()
+        if not engine.admit(self.addr, now):
+            rate = engine.config.max_connection_rate_per_address
+            engine.deny(self.origin(), "connect", "rate_limited", f"more than {rate} new connections per second")
+            self.state = _CLOSING
+            self.transport.abort()
+            return
+        self._start(now)
+
+    def adopt(self, transport: asyncio.Transport, addr: str, port: int, sid: int, rest: bytes) -> None:
+        """MQTT over WebSocket: take over an upgraded HTTP connection's transport (and what followed the upgrade)."""
+        self.transport = transport
+        self.addr, self.port, self.sid = addr, port, sid
+        self._start(self.engine.loop.time())
+        transport.set_protocol(self)
+        if rest:
+            self.data_received(rest)
+
+    def _start(self, now: float) -> None:
+        engine = self.engine
+        self.started = self.last_rx = now
+        self.deadline = now + engine.config.handshake_timeout / 1000.0
+        engine.register(cast(Client, self))
+        engine.schedule(cast(Client, self), self.deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        previous = self.state
+        self.state = _CLOSED
+        self.pending = None
+        self.reader = None
+        self.wsparser = None
+        engine = self.engine
+        if self.client_id:
+            self._publish_will()
+        engine.unregister(cast(Client, self))
+        if engine.inflight or engine.held:
+            engine.forget_session(self)
+        if self.client_id:
+            if _owner(engine, self.client_id) is self:
+                del _TAKEN[id(engine)][self.client_id]
+            engine.stats.connections -= 1
+            engine.stats.disconnections_total += 1
+            engine.access(
+                "disconnect",
+                cast(Client, self),
+                duration_ms=int((engine.loop.time() - self.started) * 1000),
+                reason=self.reason or ("connection_lost" if previous != _CLOSING else "client_closed"),
+                msgs_in=self.msgs_in,
+                msgs_out=self.msgs_out,
+                bytes_in=self.bytes_in,
+                bytes_out=self.bytes_out,
+            )
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        engine = self.engine
+        if self.transport is not None and not (engine.held and self in engine.held):
+            self.transport.resume_reading()
+        if self.pending is not None:
+            self.flush()
+
+    def eof_received(self) -> bool | None:
+        self.reason = self.reason or "client_closed"
+        return None
+
+    def data_received(self, data: bytes) -> None:
+        if self.state >= _CLOSING:
+            return
+        self.last_rx = self.engine.loop.time()
+        self.bytes_in += len(data)
+        if self.websocket:
+            self._ws_received(data)
+            return
+        self._mqtt_received(data)
+
+    def _ws_received(self, data: bytes) -> None:
+        parser = self.wsparser
+        if parser is None:
+            parser = self.wsparser = FrameParser(self.engine.max_message_size + 65536)
+        try:
+            frames = parser.feed(data)
+        except WebSocketError as exc:
+            self._refuse(m.Rc.MALFORMED, f"WebSocket: {exc.reason}", "malformed")
+            return
+        if parser.idle:
+            self.wsparser = None
+        for frame in frames:
+            if self.state >= _CLOSING:
+                return
+            if frame.opcode == OP_BINARY:
+                self._mqtt_received(frame.payload)
+            elif frame.opcode == OP_PING:
+                self._write_raw(build_frame(OP_PONG, frame.payload))
+            elif frame.opcode == OP_CLOSE:
+                self._write_raw(build_close(CLOSE_NORMAL))
+                self.close("client_closed")
+                return
+            elif frame.opcode != OP_PONG:
+                self._refuse(m.Rc.MALFORMED, "MQTT over WebSocket uses binary frames only", "malformed")
+                return
+
+    def _mqtt_received(self, data: bytes) -> None:
+        reader = self.reader
+        if reader is None:
+            reader = self.reader = m.PacketReader(self._max_packet())
+        try:
+            packets = reader.feed(data)
+        except m.MqttError as exc:
+            self._refuse(exc.code, exc.reason, "message_too_big" if exc.code == m.Rc.PACKET_TOO_LARGE else "malformed")
+            return
+        if reader.idle:
+            self.reader = None  # idle clients keep no reader
+        self._packets(packets)
+
+    def _max_packet(self) -> int:
+        """The largest packet accepted: MessageSizeLimit for the payload, plus room for topic and properties."""
+        return self.engine.max_message_size + 8192
+
+    def _packets(self, packets: list[tuple[int, int, bytes]]) -> None:
+        held = self.engine.held
+        for i, (kind, flags, body) in enumerate(packets):
+            if self.state >= _CLOSING:
+                return
+            if held and self in held:  # a publication before this one filled a budget: the rest waits
+                held[self].extend(packets[i:])
+                return
+            self.msgs_in += 1
+            try:
+                if self.state == _CONNECTING:
+                    if kind != m.CONNECT:
+                        raise m.MqttError(m.Rc.PROTOCOL_ERROR, "the first packet must be CONNECT")
+                    self._connect(m.decode_connect(flags, body))
+                else:
+                    self._packet(m.decode(kind, flags, body, self.level))
+            except m.MqttError as exc:
+                self._refuse(exc.code, exc.reason, "malformed")
+                return
+
+    # --- backpressure (engine.publish_started) ------------------------------------------
+
+    def hold_input(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def release_input(self, waiting: list[Any]) -> None:
+        if self.transport is None or self.state != _CONNECTED:
+            return
+        if not self.paused:
+            self.transport.resume_reading()
+        if waiting:
+            self.engine.loop.call_soon(self._packets, waiting)
+
+    # --- CONNECT ------------------------------------------------------------------------
+
+    def _connect(self, packet: m.Connect) -> None:
+        engine = self.engine
+        self.level = packet.level
+        if not engine.ready:
+            self._refuse_connect(m.Rc.SERVER_UNAVAILABLE, "this cluster member is synchronising; try another member")
+            return
+        client_id = packet.client_id
+        assigned = ""
+        if not client_id:
+            if not packet.clean and packet.level == 4:
+                self._refuse_connect(m.Rc.CLIENT_ID_NOT_VALID, "an empty client identifier needs a clean session")
+                return
+            client_id = assigned = f"migratory-{self.session}"
+        if len(client_id.encode()) > 256:
+            self._refuse_connect(m.Rc.CLIENT_ID_NOT_VALID, "client identifiers are at most 256 bytes here")
+            return
+        if packet.props.get(m.P_AUTH_METHOD) is not None:
+            self._refuse_connect(m.Rc.BAD_AUTH_METHOD, "enhanced authentication is not supported")
+            return
+        # the entitlement token: the password (a JWT, or EntitlementAllowToken), else the user name
+        if packet.password:
+            self.token = m.utf8(packet.password, "password") if _is_text(packet.password) else ""
+        elif packet.username:
+            self.token = packet.username
+        if packet.will is not None:
+            try:
+                topic_to_subject(packet.will.topic)
+            except TopicError as exc:
+                self._refuse_connect(m.Rc.TOPIC_NAME_INVALID, f"will: {exc.reason}")
+                return
+            self.will = packet.will
+        receive_max = int(cast(int, packet.props.get(m.P_RECEIVE_MAX, 65535)))
+        max_packet = int(cast(int, packet.props.get(m.P_MAX_PACKET, 0)))
+        self.limits = (receive_max, max_packet)
+        self.keep_alive = packet.keep_alive
+        self.client_id = sys.intern(client_id)
+        self.state = _CONNECTED
+        self.deadline = 0.0
+        previous = _owner(engine, client_id)
+        if previous is not None and previous is not self:
+            previous.taken_over()
+        _TAKEN.setdefault(id(engine), {})[client_id] = self
+        engine.stats.connections += 1
+        engine.stats.connections_total += 1
+        engine.access("connect", cast(Client, self), mqtt_level=packet.level, clean=packet.clean)
+        props: m.Properties = {}
+        if packet.level == 5:
+            props = {
+                m.P_MAX_PACKET: self._max_packet(),
+                m.P_ALIAS_MAX: TOPIC_ALIAS_MAXIMUM,
+                m.P_SHARED: 0,
+                m.P_RETAIN_AVAILABLE: 1,
+                m.P_WILDCARDS: 1,
+                m.P_SUB_IDS: 1,
+            }
+            if assigned:
+                props[m.P_ASSIGNED_ID] = assigned
+            if int(cast(int, packet.props.get(m.P_SESSION_EXPIRY, 0))):
+                props[m.P_SESSION_EXPIRY] = 0  # sessions end with their connection here (docs/mqtt.md)
+        self._queue(m.encode_connack(packet.level, False, 0, props))
+        self._schedule_keepalive(self.last_rx)
+
+    def _refuse_connect(self, code: int, reason: str) -> None:
+        """CONNACK with a refusal (its nearest 3.1.1 return code), then close."""
+        self.engine.deny(self.origin(), "connect", "mqtt_connect", reason)
+        if self.level == 5:
+            self._queue(m.encode_connack(5, False, code, {m.P_REASON: reason}))
+        elif code in m.V3_CONNACK:
+            self._queue(m.encode_connack(4, False, m.V3_CONNACK[code]))
+        self.close("connect_refused")
+
+    def taken_over(self) -> None:
+        """Another connection came with this client identifier: this one ends (no will: the session lives on)."""
+        self.will = None
+        if self.level == 5:
+            self._queue(m.encode_disconnect(m.Rc.SESSION_TAKEN_OVER, "another connection took this session over"))
+        self.close("session_taken_over")
+
+    # --- packets after CONNECT ------------------------------------------------------------
+
+    def _packet(self, packet: m.Packet) -> None:
+        if packet is None:  # PINGREQ
+            self._queue(m.PINGRESP_PACKET)
+        elif isinstance(packet, m.Publish):
+            self._publish(packet)
+        elif isinstance(packet, m.PubAck):
+            self._ack_received(packet)
+        elif isinstance(packet, m.Subscribe):
+            if self.engine.async_entitlement:
+                self.engine.in_order(self.session, self._subscribe_async(packet))
+            else:
+                self._subscribe(packet, None)
+        elif isinstance(packet, m.Unsubscribe):
+            codes = []
+            for topic_filter in packet.filters:
+                try:
+                    key = parse_filter(topic_filter).key
+                except TopicError:
+                    codes.append(m.Rc.TOPIC_FILTER_INVALID)
+                    continue
+                found = self.engine.unsubscribe(cast(Client, self), key)
+                if found and self.options is not None:
+                    self.options.pop(key, None)
+                codes.append(m.Rc.SUCCESS if found else m.Rc.NO_SUBSCRIPTION_EXISTED)
+            self._queue(m.encode_unsuback(packet.packet_id, codes, self.level))
+        elif isinstance(packet, m.Disconnect):
+            if packet.code != 0x04:  # "disconnect with will message": the will is published
+                self.will = None
+            self.close("client_disconnected")
+        elif isinstance(packet, m.Connect):  # decode() raises for a second CONNECT; kept for the type checker
+            raise m.MqttError(m.Rc.PROTOCOL_ERROR, "a second CONNECT")
+
+    # --- PUBLISH from the client ----------------------------------------------------------
+
+    def _publish(self, packet: m.Publish) -> None:
+        flow = self.flow or self._new_flow()
+        topic = packet.topic
+        if self.level == 5:
+            alias = cast(int | None, packet.props.get(m.P_ALIAS))
+            if alias is not None:
+                if not 0 < alias <= TOPIC_ALIAS_MAXIMUM:
+                    raise m.MqttError(m.Rc.TOPIC_ALIAS_INVALID, f"topic alias {alias} (at most {TOPIC_ALIAS_MAXIMUM})")
+                if topic:
+                    flow.aliases[alias] = topic
+                elif alias in flow.aliases:
+                    topic = flow.aliases[alias]
+                else:
+                    raise m.MqttError(m.Rc.PROTOCOL_ERROR, f"topic alias {alias} was never set")
+            elif not topic:
+                raise m.MqttError(m.Rc.PROTOCOL_ERROR, "PUBLISH without a topic name or alias")
+        if packet.qos == 2 and packet.packet_id in flow.awaiting_rel:
+            self._queue(m.encode_ack(m.PUBREC, packet.packet_id, self.level))  # a resend: already taken
+            return
+        try:
+            subject = topic_to_subject(topic)
+        except TopicError as exc:
+            self.engine.deny(self.origin(), "publish", "invalid_subject", exc.reason, "/" + topic)
+            self._publish_refused(packet, m.Rc.TOPIC_NAME_INVALID, exc.reason)
+            return
+        fields = dict(cast(list[tuple[str, str]], packet.props.get(m.P_USER, [])))
+        qos = QoS.GUARANTEED if packet.qos else QoS.STANDARD
+        message = Message(subject, packet.payload, fields, packet.retain, qos)
+        engine = self.engine
+        if packet.qos == 0:
+            engine.publish(message, self.origin(), self._qos0_answered)
+            return
+        entry: list[Any] = [packet.packet_id, m.PUBACK if packet.qos == 1 else m.PUBREC, None, ""]
+        flow.acks.append(entry)
+        if packet.qos == 2:
+            flow.awaiting_rel.add(packet.packet_id)
+        engine.publish_started(self)
+
+        def answered(result: PublishResult) -> None:
+            engine.publish_done(self)
+            if self.state >= _CLOSING:
+                return
+            if result.status == p.Status.FAILED:
+                self._unavailable(result.reason)
+                return
+            entry[2] = _STATUS_CODES.get(result.status, m.Rc.UNSPECIFIED)
+            entry[3] = result.reason
+            self._send_acks(flow)
+
+        engine.publish(message, self.origin(), answered)
+
+    def _qos0_answered(self, result: PublishResult) -> None:
+        if result.status == p.Status.FAILED and self.state < _CLOSING:
+            self._unavailable(result.reason)  # nothing tells a QoS 0 publisher; its next try goes elsewhere
+
+    def _publish_refused(self, packet: m.Publish, code: int, reason: str) -> None:
+        """A publication refused before it reached the engine: the reason code (5), or the connection (3.1.1)."""
+        if self.level == 4 or packet.qos == 0:
+            self._refuse(code, reason, "invalid_subject")
+            return
+        flow = self.flow or self._new_flow()
+        flow.acks.append([packet.packet_id, m.PUBACK if packet.qos == 1 else m.PUBREC, code, reason])
+        self._send_acks(flow)
+
+    def _send_acks(self, flow: _Flow) -> None:
+        """Acknowledge, in arrival order, every publication answered so far."""
+        acks = flow.acks
+        while acks and acks[0][2] is not None:
+            packet_id, kind, code, reason = acks.popleft()
+            if self.level == 4 and code >= 0x80:
+                self.engine.deny(self.origin(), "publish", "mqtt_publish", reason)
+                self._refuse(code, reason, "publish_refused")  # 3.1.1 has no negative acknowledgement
+                return
+            if kind == m.PUBREC and code >= 0x80:
+                flow.awaiting_rel.discard(packet_id)
+            self._queue(m.encode_ack(kind, packet_id, self.level, code if code != m.Rc.SUCCESS else 0, reason))
+
+    def _unavailable(self, reason: str) -> None:
+        """The cluster could not take a publication now: close without acknowledging it (the client resends)."""
+        self.engine.deny(self.origin(), "publish", "failed", reason)
+        if self.level == 5:
+            self._queue(m.encode_disconnect(m.Rc.SERVER_UNAVAILABLE, f"{reason}; reconnect and resend"))
+        self.will = None
+        self.close("publish_failed")
+
+    def _ack_received(self, packet: m.PubAck) -> None:
+        flow = self.flow
+        if packet.kind == m.PUBREL:
+            known = flow is not None and packet.packet_id in flow.awaiting_rel
+            if flow is not None:
+                flow.awaiting_rel.discard(packet.packet_id)
+            code = 0 if known or self.level == 4 else m.Rc.PACKET_ID_NOT_FOUND
+            self._queue(m.encode_ack(m.PUBCOMP, packet.packet_id, self.level, code))
+            return
+        if packet.kind != m.PUBACK:
+            raise m.MqttError(m.Rc.PROTOCOL_ERROR, "PUBREC or PUBCOMP for a message this server never sent at QoS 2")
+        if flow is None or flow.inflight.pop(packet.packet_id, None) is None:
+            return  # an acknowledgement of nothing: ignored, as 5.0 section 4.3.2 allows
+        while flow.queue and len(flow.inflight) < self.limits[0]:
+            packet_id, packet_bytes = flow.queue.popleft()
+            flow.inflight[packet_id] = packet_bytes
+            self._queue(packet_bytes)
+
+    def _new_flow(self) -> _Flow:
+        self.flow = _Flow()
+        return self.flow
+
+    # --- SUBSCRIBE ------------------------------------------------------------------------
+
+    async def _subscribe_async(self, packet: m.Subscribe) -> None:
+        decisions: list[Any] = []
+        for sub in packet.subscriptions:
+            try:
+                filt = parse_filter(sub.filter)
+            except TopicError:
+                decisions.append(False)
+                continue
+            decisions.append(
+                await self.engine.custom_decision("authorize_subscribe", self.origin(), filt.entitlement_subject())
+            )
+        if self.open:
+            self._subscribe(packet, decisions)
+
+    def _subscribe(self, packet: m.Subscribe, decisions: list[Any] | None) -> None:
+        engine = self.engine
+        conn = cast(Client, self)
+        sub_id = int(cast(int, packet.props.get(m.P_SUBSCRIPTION_ID, 0)))
+        conflation = 0
+        for name, value in cast(list[tuple[str, str]], packet.props.get(m.P_USER, [])):
+            if name == "conflation" and value.isdigit():
+                conflation = int(value)
+        codes: list[int] = []
+        retained: list[tuple[_SubOptions, list[str]]] = []
+        for i, sub in enumerate(packet.subscriptions):
+            try:
+                filt = parse_filter(sub.filter)
+            except TopicError as exc:
+                engine.deny(self.origin(), "subscribe", "invalid_subject", exc.reason, sub.filter)
+                shared = sub.filter.startswith("$share/")
+                codes.append(m.Rc.SHARED_NOT_SUPPORTED if shared and self.level == 5 else m.Rc.TOPIC_FILTER_INVALID)
+                continue
+            decided = decisions[i] if decisions is not None else False
+            new = self.options is None or filt.key not in self.options
+            if filt.subject is not None:
+                status, _ = engine.subscribe(conn, filt.subject, conflation, decided)
+                subjects = [filt.subject]
+            else:
+                status, filt = self._subscribe_pattern(filt, decided)
+                subjects = (
+                    engine.matching_subjects(cast(tuple[str, ...], filt.pattern)) if status == p.Status.OK else []
+                )
+            if status != p.Status.OK:
+                codes.append(
+                    m.Rc.NOT_AUTHORIZED
+                    if status == p.Status.DENIED
+                    else m.Rc.QUOTA_EXCEEDED
+                    if status == p.Status.LIMIT_EXCEEDED
+                    else m.Rc.TOPIC_FILTER_INVALID
+                )
+                continue
+            granted = min(sub.qos, 1)  # QoS 2 subscriptions are granted QoS 1 (docs/mqtt.md)
+            options = _SubOptions(filt, granted, sub_id, sub.retain_as_published)
+            if self.options is None:
+                self.options = {}
+            self.options[filt.key] = options
+            codes.append(granted)
+            if sub.retain_handling == 0 or (sub.retain_handling == 1 and new):
+                retained.append((options, subjects))
+        self._queue(m.encode_suback(packet.packet_id, codes, self.level))
+        for options, subjects in retained:
+            for subject in subjects:
+                frame = engine.snapshot_frame(subject)
+                if frame is not None:
+                    self._deliver(frame, retained_for=options)
+
+    def _subscribe_pattern(self, filt: Filter, decided: Any) -> tuple[p.Status, Filter]:
+        engine = self.engine
+        origin = self.origin()
+        denial = engine.authorizer.check_subscribe(origin, filt.entitlement_subject()) if decided is False else decided
+        if denial:
+            engine.deny(origin, "subscribe", denial[0], denial[1], filt.entitlement_subject())
+            return p.Status.DENIED, filt
+        parent = filt.parent()
+        if parent is not None and engine.authorizer.check_subscribe(origin, parent) is not None:
+            filt = filt.children_only()  # may read below the level, not the level itself
+        assert filt.pattern is not None
+        status, _ = engine.subscribe_pattern(cast(Client, self), filt.key, filt.pattern)
+        return status, filt
+
+    # --- output -------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """A frame from the engine (a delivery, a snapshot, a notice): a PUBLISH, or nothing."""
+        if self.state == _CONNECTED and data[0] & 0x0F == OP_BINARY:
+            self._deliver(data, None)
+
+    def _deliver(self, frame: bytes, retained_for: _SubOptions | None) -> None:
+        cache = _FRAME_CACHE
+        if cache[0] is not frame:
+            length = frame[1] & 0x7F
+            payload = frame[2 if length < 126 else 4 if length == 126 else 10 :]
+            if not payload or payload[0] != p.Op.MESSAGE:
+                return  # NOTIFY, statuses and errors have no MQTT form
+            delivery = p.decode_server(payload)
+            assert isinstance(delivery, p.Delivery)
+            topic = subject_to_topic(delivery.subject)
+            users = list(delivery.fields.items())
+            cache[:] = [frame, delivery, topic, m.encode_properties({m.P_USER: users} if users else {}), b"", users]
+        delivery = cast(p.Delivery, cache[1])
+        topic = cast(str, cache[2])
+        options = retained_for if retained_for is not None else self._options_for(delivery.subject)
+        if options is None:
+            return
+        snapshot = delivery.snapshot
+        if snapshot and not delivery.content and not delivery.fields:
+            return  # an empty retained message clears the retained message (MQTT): nothing is sent
+        retain = snapshot or (options.rap and delivery.retained)
+        qos = min(options.qos, 1 if delivery.guaranteed or snapshot else 0)
+        level = self.level
+        if level == 4 and qos == 0 and not retain:
+            packet = cast(bytes, cache[4])
+            if not packet:
+                packet = cache[4] = m.encode_publish(4, topic, delivery.content)
+        else:
+            props = cast(bytes, cache[3])
+            if level == 5 and options.sub_id:
+                users = cast(list[tuple[str, str]], cache[5])
+                props = m.encode_properties(
+                    {m.P_SUBSCRIPTION_ID: options.sub_id, **({m.P_USER: users} if users else {})}
+                )
+            packet_id = self._next_packet_id() if qos else 0
+            packet = m.encode_publish(level, topic, delivery.content, qos, retain, False, packet_id, props)
+        max_packet = self.limits[1]
+        if max_packet and len(packet) > max_packet:
+            self.engine.stats.messages_dropped += 1  # the client said it cannot take it (MQTT 5 section 3.1.2.11)
+            return
+        if qos:
+            flow = self.flow or self._new_flow()
+            resend = _dup(packet)
+            if len(flow.inflight) >= self.limits[0]:
+                flow.queue.append((flow.next_id, resend))
+                if len(flow.queue) * len(packet) > self.engine.max_pending:
+                    self._slow_consumer()
+                return
+            flow.inflight[flow.next_id] = resend
+        self._queue(packet)
+
+    def _options_for(self, subject: str) -> _SubOptions | None:
+        options = self.options
+        if not options:
+            return None
+        found = options.get(subject)
+        if found is not None:
+            return found
+        levels = subject[1:].split("/")
+        best: _SubOptions | None = None
+        for key, candidate in options.items():
+            pattern = candidate.filter.pattern
+            matched = key[0] == "\x00" and pattern is not None and pattern_matches(pattern, levels)
+            if matched and (best is None or candidate.qos > best.qos):
+                best = candidate
+        return best
+
+    def _next_packet_id(self) -> int:
+        flow = self.flow or self._new_flow()
+        packet_id = flow.next_id
+        for _ in range(65536):
+            packet_id = packet_id % 65535 + 1
+            if packet_id not in flow.inflight:
+                break
+        flow.next_id = packet_id
+        return packet_id
+
+    def _queue(self, data: bytes) -> None:
+        """Queue one MQTT packet for the next flush (the engine's rules: batching, MaxPendingOutput)."""
+        pending = self.pending
+        engine = self.engine
+        if pending is None:
+            if self.state >= _CLOSING and self.transport is None:
+                return
+            self.pending = data
+            self.pending_bytes = len(data)
+            fanout = engine.fanout
+            if engine.batching_time:
+                fanout.mark_batch(cast(Client, self))
+            else:
+                fanout.dirty.append(cast(Client, self))
+                if not fanout.armed:
+                    fanout.armed = True
+                    engine.loop.call_soon(fanout.flush_dirty)
+        else:
+            if isinstance(pending, bytes):
+                self.pending = [pending, data]
+            else:
+                pending.append(data)
+            self.pending_bytes += len(data)
+            if self.pending_bytes > engine.max_pending:
+                self._slow_consumer()
+                return
+        if engine.batching_size and self.pending_bytes >= engine.batching_size:
+            self.flush()
+
+    def flush(self) -> None:
+        pending = self.pending
+        if pending is None or self.paused or self.transport is None:
+            return
+        self.pending = None
+        self.bytes_out += self.pending_bytes
+        self.pending_bytes = 0
+        if isinstance(pending, bytes):
+            self.msgs_out += 1
+            data = pending
+        else:
+            self.msgs_out += len(pending)
+            data = b"".join(pending)
+        self._write_raw(build_frame(OP_BINARY, data) if self.websocket else data)
+
+    def _write_raw(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def _slow_consumer(self) -> None:
+        engine = self.engine
+        engine.stats.slow_consumers_disconnected += 1
+        engine.deny(
+            self.origin(),
+            "frame",
+            "slow_consumer",
+            f"pending output exceeded MaxPendingOutput ({engine.max_pending} bytes)",
+        )
+        self.abort("slow_consumer")
+
+    # --- closing ------------------------------------------------------------------------
+
+    def _refuse(self, code: int, reason: str, reason_code: str) -> None:
+        """A protocol violation: DISCONNECT with the reason code (5; CONNACK before CONNECT), then close."""
+        self.engine.deny(self.origin(), "frame", reason_code, reason)
+        if self.state == _CONNECTING:
+            self._refuse_connect(code, reason)
+            return
+        if self.level == 5:
+            self._queue(m.encode_disconnect(code, reason))
+        self.close("protocol_error")
+
+    def close(self, reason: str) -> None:
+        """Flush what is pending, then close."""
+        self.reason = self.reason or reason
+        if self.state >= _CLOSING:
+            return
+        self.flush()
+        if self.state == _CONNECTING:
+            self.client_id = ""
+        self.state = _CLOSING
+        self.pending = None
+        if self.transport is not None:
+            if self.websocket:
+                self.transport.write(build_close(CLOSE_NORMAL))
+            self.transport.close()
+
+    def abort(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self.pending = None
+        if self.state < _CLOSING:
+            self.state = _CLOSING
+        if self.transport is not None:
+            self.transport.abort()
+
+    def shutdown(self) -> None:
+        """Server shutdown: version 5 clients hear why."""
+        if self.state == _CONNECTED and self.level == 5:
+            self._queue(m.encode_disconnect(m.Rc.SERVER_SHUTTING_DOWN, "server shutdown"))
+        self.will = None
+        self.close("server_shutdown")
+
+    def _publish_will(self) -> None:
+        will, self.will = self.will, None
+        if will is None:
+            return
+        try:
+            subject = topic_to_subject(will.topic)
+        except TopicError:
+            return
+        fields = dict(cast(list[tuple[str, str]], will.props.get(m.P_USER, [])))
+        qos = QoS.GUARANTEED if will.qos else QoS.STANDARD
+        self.engine.publish(Message(subject, will.payload, fields, will.retain, qos), self.origin(), _ignore)
+
+    # --- timers -------------------------------------------------------------------------
+
+    def on_timer(self, now: float) -> None:
+        engine = self.engine
+        if self.state == _CONNECTING:
+            if now >= self.deadline:
+                engine.deny(
+                    self.origin(), "connect", "handshake_timeout", "CONNECT not received within HandshakeTimeout"
+                )
+                self.abort("handshake_timeout")
+            else:
+                engine.schedule(cast(Client, self), self.deadline)
+            return
+        if self.state != _CONNECTED:
+            return
+        expiry = engine.entitlement.expires_at(self.token) if self.token else None
+        if expiry and time.time() >= expiry:
+            engine.deny(self.origin(), "connect", "entitlement", "the token has expired")
+            if self.level == 5:
+                self._queue(m.encode_disconnect(m.Rc.NOT_AUTHORIZED, "the token has expired"))
+            self.close("token_expired")
+            return
+        if not self.keep_alive:
+            if expiry:
+                engine.schedule(cast(Client, self), now + max(1.0, expiry - time.time()))
+            return
+        if engine.held and self in engine.held:  # not read on purpose (backpressure): its silence is ours
+            engine.schedule(cast(Client, self), now + self.keep_alive)
+            return
+        limit = self.last_rx + 1.5 * self.keep_alive
+        if now >= limit:
+            engine.deny(self.origin(), "frame", "keepalive_timeout", f"nothing received for 1.5 x {self.keep_alive} s")
+            if self.level == 5:
+                self._queue(m.encode_disconnect(m.Rc.KEEP_ALIVE_TIMEOUT, "keep-alive timeout"))
+            self.close("keepalive_timeout")
+            return
+        if expiry:
+            limit = min(limit, now + max(1.0, expiry - time.time()))
+        engine.schedule(cast(Client, self), limit)
+
+    def _schedule_keepalive(self, now: float) -> None:
+        expiry = self.engine.entitlement.expires_at(self.token) if self.token else None
+        if self.keep_alive or expiry:
+            self.engine.schedule(cast(Client, self), now + (1.5 * self.keep_alive if self.keep_alive else 1.0))
+
+
+def _ignore(result: PublishResult) -> None:
+    return None
+
+
+def _is_text(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _dup(packet: bytes) -> bytes:
+    """The same PUBLISH with the DUP flag: what is resent if the client comes back without acknowledging it."""
+    return bytes((packet[0] | 0x08,)) + packet[1:]
+
+
+_TAKEN: dict[int, dict[str, MqttConnection]] = {}
+"""Per engine (one per worker): client identifier -> its connection, for session takeover."""
+
+
+def _owner(engine: Engine, client_id: str) -> MqttConnection | None:
+    return _TAKEN.get(id(engine), {}).get(client_id)
