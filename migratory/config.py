@@ -468,6 +468,14 @@ class Config:
         "them. Needs TLSCertificate and TLSKey (the same certificate as ListenEncrypted, reloaded on SIGHUP).",
         shown="none",
     )
+    mqtt_session_expiry: int = key(
+        "MqttSessionExpiry",
+        604800,
+        _int_parser(0, 0xFFFFFFFF),
+        "Seconds (not milliseconds) an MQTT session outlives its connection at most: the cap on an MQTT 5 "
+        "client's session expiry interval and the expiry of an MQTT 3.1.1 persistent session (clean session "
+        "0). Sessions are kept in the cluster (docs/mqtt.md); 0 ends every session with its connection.",
+    )
     tls_certificate: str = key(
         "TLSCertificate",
         "",

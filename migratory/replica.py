@@ -401,10 +401,12 @@ class Replica:
     # --- clients coming back -----------------------------------------------------------
 
     def recover(self, subject: str, epoch: int, seq: int) -> Recovery:
-        """What a client that last saw ``(epoch, seq)`` of ``subject`` needs now."""
+        """What a client that last saw ``(epoch, seq)`` of ``subject`` needs now (``(0, 0)``: it saw none of it)."""
         state = self._states.get(subject)
         if state is None:
             return Recovery(RecoveryKind.RESYNC)
+        if (epoch, seq) == (0, 0) and self.cache_size and state.cache and state.cache[0][1].seq == 1:
+            return Recovery(RecoveryKind.RECOVER, tuple(entry for _, entry in state.cache))  # saw nothing: all of it
         if seq > state.seq and epoch >= state.epoch:
             return Recovery(RecoveryKind.SYNC)  # it saw messages this replica is about to receive
         if not self.cache_size:  # Standard mode: after a failover, the current snapshot

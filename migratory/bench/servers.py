@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MultiMeter", "ProcessMeter", "SpawnedServer", "spawn"]
+__all__ = ["MultiMeter", "ProcessMeter", "SpawnedServer", "peer_binary", "spawn"]
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -150,6 +150,28 @@ def _wait(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float = 
     raise TimeoutError(f"server did not listen on {host}:{port}")
 
 
+_BINARIES = {
+    "nats": "nats-server",
+    "nats-tls": "nats-server",
+    "nats-mqtt": "nats-server",
+    "mqtt": "mosquitto",
+    "mqtt-tls": "mosquitto",
+}
+
+
+def peer_binary(kind: str) -> str | None:
+    """The executable that serves target ``kind`` when it is another project's server, or None if missing.
+
+    On the PATH, else in /usr/sbin (Debian's packages put nats-server and mosquitto there, outside
+    a user's PATH). None as well for the kinds this project serves itself.
+    """
+    name = _BINARIES.get(kind)
+    if name is None:
+        return None
+    found = shutil.which(name) or f"/usr/sbin/{name}"
+    return found if os.access(found, os.X_OK) else None
+
+
 def make_test_pki(folder: Path, host: str) -> tuple[Path, Path, Path]:
     """A test CA and a server certificate for ``host`` (and localhost): (CA, certificate chain, key)."""
     from migratory.certs import create_ca, issue_server_cert
@@ -170,7 +192,9 @@ def spawn(
     """Start a server of ``kind`` (a target of migratory/bench/wire.py) on a free port.
 
     The TLS kinds (``migratory-wss``, ``nats-tls``, ``mqtt-tls``) serve a certificate
-    from a test CA made for the run (``extra["ca"]``: the file clients trust).
+    from a test CA made for the run (``extra["ca"]``: the file clients trust). The MQTT
+    kinds of this server and nats-server (``migratory-mqtt``, ``nats-mqtt``) listen for
+    MQTT on ``port`` (their other listener on a port of its own, unused by the kit).
     """
     port = _free_port(host)
     folder = tempfile.mkdtemp(prefix="migratory-bench-")
@@ -179,7 +203,7 @@ def spawn(
     if kind.endswith(("-wss", "-tls")):
         ca, cert, key = make_test_pki(Path(folder) / "pki", host)
         extra["ca"] = str(ca)
-    if kind in ("migratory", "migratory-wss", "migratory-stream"):
+    if kind in ("migratory", "migratory-wss", "migratory-stream", "migratory-mqtt"):
         conf = Path(folder) / "migratorydata.conf"
         listeners = f"Listen = {host}:{port}\n"
         if kind == "migratory-wss":
@@ -187,6 +211,8 @@ def spawn(
                 f"Listen = {host}:{_free_port(host)}\nListenEncrypted = {host}:{port}\n"
                 f"TLSCertificate = {cert}\nTLSKey = {key}\n"
             )
+        elif kind == "migratory-mqtt":  # the clients reach ListenMqtt; the WebSocket listener idles
+            listeners = f"Listen = {host}:{_free_port(host)}\nListenMqtt = {host}:{port}\n"
         conf.write_text(
             f"{listeners}Workers = {workers}\nLogFolder = {folder}/logs\nStateFolder = {folder}/state\n"
             f"KeepAliveInterval = 3600000\nMessageLog = false\nAccessLog = false\nMaxPendingOutput = {max_pending}\n"
@@ -194,7 +220,7 @@ def spawn(
         )
         cmd = [sys.executable, "-m", "migratory_cli.main", "serve", "-c", str(conf)]
     elif kind in ("nats", "nats-tls"):
-        binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+        binary = peer_binary(kind) or "nats-server"
         conf = Path(folder) / "nats.conf"
         tls = ""
         if kind == "nats-tls":  # timeout: the TLS handshake's (0.5 s by default, too short for a connection storm)
@@ -203,8 +229,13 @@ def spawn(
             f"listen: {host}:{port}\nmax_connections: 1000000\nmax_pending: 268435456\nwrite_deadline: 60s\n{tls}"
         )
         cmd = [binary, "-c", str(conf)]
+    elif kind == "nats-mqtt":
+        binary = peer_binary(kind) or "nats-server"
+        conf = Path(folder) / "nats.conf"
+        conf.write_text(_nats_mqtt_conf(host, _free_port(host), port, Path(folder) / "jetstream"))
+        cmd = [binary, "-c", str(conf)]
     elif kind in ("mqtt", "mqtt-tls"):
-        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        binary = peer_binary(kind) or "mosquitto"
         conf = Path(folder) / "mosquitto.conf"
         tls = f"certfile {cert}\nkeyfile {key}\n" if kind == "mqtt-tls" else ""
         conf.write_text(
@@ -225,6 +256,20 @@ def spawn(
         proc.kill()
         raise
     return SpawnedServer(kind, host, port, proc, folder, extra)
+
+
+def _nats_mqtt_conf(host: str, port: int, mqtt_port: int, store: Path) -> str:
+    """nats-server with its MQTT listener on ``mqtt_port``, configured like the ``nats`` target otherwise.
+
+    NATS (2.9) serves MQTT only with a ``server_name`` and JetStream enabled: it keeps its MQTT
+    sessions, retained messages and QoS 1 deliveries in JetStream streams, under ``store``.
+    """
+    return (
+        f"listen: {host}:{port}\nserver_name: migratory-bench\nmax_connections: 1000000\n"
+        f"max_pending: 268435456\nwrite_deadline: 60s\n"
+        f'jetstream {{\n  store_dir: "{store}"\n}}\n'
+        f"mqtt {{\n  listen: {host}:{mqtt_port}\n}}\n"
+    )
 
 
 def _raise_nofile() -> Callable[[], None]:

@@ -2,9 +2,11 @@
 
 ``migratory``: the native protocol over WebSocket; ``ws-broadcast`` and
 ``websockets``: plain WebSocket, every binary message goes to every client;
-``nats``: the NATS text protocol; ``mqtt``: MQTT 3.1.1 with QoS 0; ``migratory-stream``:
-the native protocol over HTTP streaming (``GET /stream``, ``POST /stream/<id>``, the
-browsers' fallback). ``migratory-wss``,
+``nats``: the NATS text protocol; ``mqtt``: MQTT 3.1.1 with QoS 0 (Mosquitto);
+``migratory-mqtt`` and ``nats-mqtt``: the same MQTT, to this server's ``ListenMqtt`` and
+to nats-server's MQTT listener, so that MQTT servers compare on identical workloads;
+``migratory-stream``: the native protocol over HTTP streaming (``GET /stream``,
+``POST /stream/<id>``, the browsers' fallback). ``migratory-wss``,
 ``nats-tls`` and ``mqtt-tls`` are the same over TLS (the loaders trust the test CA
 the kit makes). Each codec turns
 subscriptions and publications into bytes and incoming bytes into message
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from migratory import protocol as p
 from migratory.websocket import apply_mask
 
-__all__ = ["TARGETS", "TLS_TARGETS", "Codec", "StreamCodec", "base_target", "codec_for"]
+__all__ = ["MQTT_TARGETS", "TARGETS", "TLS_TARGETS", "Codec", "StreamCodec", "base_target", "codec_for", "mqtt_topic"]
 
 TARGETS = (
     "migratory",
@@ -33,17 +35,29 @@ TARGETS = (
     "nats-tls",
     "mqtt",
     "mqtt-tls",
+    "migratory-mqtt",
+    "nats-mqtt",
 )
 TLS_TARGETS = ("migratory-wss", "nats-tls", "mqtt-tls")
 """The targets reached over TLS: the server presents a certificate from the kit's test CA."""
 
-_BASES = {"migratory-wss": "migratory", "migratory-stream": "migratory", "nats-tls": "nats", "mqtt-tls": "mqtt"}
+_BASES = {
+    "migratory-wss": "migratory",
+    "migratory-stream": "migratory",
+    "nats-tls": "nats",
+    "mqtt-tls": "mqtt",
+    "migratory-mqtt": "mqtt",
+    "nats-mqtt": "mqtt",
+}
+MQTT_TARGETS = ("mqtt", "migratory-mqtt", "nats-mqtt")
+"""The MQTT servers, driven by the same client code (:class:`MqttCodec`): Mosquitto, this server, nats-server."""
 
 
 def base_target(target: str) -> str:
     """The wire protocol of a target: ``migratory-wss`` speaks what ``migratory`` speaks, over TLS.
 
-    ``migratory-stream``'s publisher speaks it too (over WebSocket): only its subscribers stream.
+    ``migratory-stream``'s publisher speaks it too (over WebSocket): only its subscribers stream;
+    ``migratory-mqtt`` and ``nats-mqtt`` speak ``mqtt``.
     """
     return _BASES.get(target, target)
 
@@ -379,7 +393,21 @@ def _mqtt_str(text: str) -> bytes:
     return struct.pack("!H", len(data)) + data
 
 
+def mqtt_topic(subject: str) -> str:
+    """The MQTT topic of a kit subject: ``/bench/s1`` is ``bench/s1``.
+
+    This server maps topic ``a/b`` to subject ``/a/b`` and takes topics of two levels or more
+    (a subject has at least two segments), so a one-level subject becomes ``bench/<level>``
+    (``/s1``: ``bench/s1``), the same on every MQTT target. The kit's subjects (``/bench/sN``)
+    already have two levels: their topics are those Mosquitto always got.
+    """
+    topic = subject.strip("/")
+    return topic if "/" in topic else f"bench/{topic}"
+
+
 class MqttCodec(Codec):
+    """MQTT 3.1.1, QoS 0, clean session, no keep-alive: what every MQTT target is driven with."""
+
     want_suback = False
 
     def hello(self, host: str, subjects: Sequence[str]) -> bytes:
@@ -389,13 +417,13 @@ class MqttCodec(Codec):
         body = variable + _mqtt_str(client_id)
         out = bytes((0x10,)) + _remaining(len(body)) + body
         if subjects:
-            payload = b"".join(_mqtt_str(s.strip("/")) + b"\x00" for s in subjects)
+            payload = b"".join(_mqtt_str(mqtt_topic(s)) + b"\x00" for s in subjects)
             sub = struct.pack("!H", 1) + payload
             out += bytes((0x82,)) + _remaining(len(sub)) + sub
         return out
 
     def publish(self, subject: str, payload: bytes) -> bytes:
-        body = _mqtt_str(subject.strip("/")) + payload
+        body = _mqtt_str(mqtt_topic(subject)) + payload
         return bytes((0x30,)) + _remaining(len(body)) + body
 
     def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
@@ -426,6 +454,10 @@ class MqttCodec(Codec):
                 (topic_len,) = struct.unpack_from("!H", body, 0)
                 skip = 2 + topic_len + (2 if first & 0x06 else 0)
                 out.append(body[skip:])
+            elif kind == 2 and len(body) >= 2 and body[1]:
+                raise ConnectionError(f"CONNACK refused the connection: return code {body[1]}")
+            elif kind == 9 and 0x80 in body[2:]:
+                raise ConnectionError("SUBACK refused the subscription (return code 0x80)")
             elif kind == 9 or (kind == 2 and not self.want_suback):
                 self.ready = True
             pos = i + length

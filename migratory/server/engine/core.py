@@ -78,6 +78,8 @@ log = logging.getLogger("migratory.server")
 
 
 RESERVED_PREFIX = "/migratory/"
+PRIVATE_PREFIX = "/migratory/mqtt/"
+"""The server's own state (MQTT session records): no client subscribes or reads a snapshot there."""
 INTERNAL = Origin("127.0.0.1", 0, "server", "internal")
 WORKER_PAUSE = 2.5  # s since the one-second tick after which a worker knows it did not run (and says not ready)
 AGENT_SILENCE = 3.5  # s without the agent's ClusterInfo (sent every second) before a member worker stops taking clients
@@ -139,6 +141,8 @@ class Engine:
         )
         self._partial: dict[tuple[int, str], list[Entry]] = {}
         self.connections: set[Client] = set()
+        # a session protocol that keeps state in the replica (MQTT) hears every message under its prefix
+        self.watch: tuple[str, Callable[[str, Entry], None]] | None = None
         self.stats = Stats()
         self.batching_time = config.batching_time / 1000.0
         self.fanout = FanOut(loop, self.stats, self.snapshot_frame, self.batching_time)
@@ -326,6 +330,10 @@ class Engine:
         if reason is not None:
             self.deny(conn.origin(), "subscribe", "invalid_subject", reason, subject)
             return Status.INVALID_SUBJECT, reason
+        if subject.startswith(PRIVATE_PREFIX):
+            reason = f"subjects under {PRIVATE_PREFIX} are the server's private state"
+            self.deny(conn.origin(), "subscribe", "reserved_subject", reason, subject)
+            return Status.DENIED, reason
         if (
             not subject_set_contains(conn.subscriptions, subject)
             and subject_set_len(conn.subscriptions) >= self.config.max_subscriptions_per_client
@@ -446,9 +454,17 @@ class Engine:
             return
         self._route(message, origin, reply, start)
 
-    def publish_internal(self, subject: str, content: bytes, fields: Mapping[str, str]) -> None:
-        """The server's own publication (monitoring): no entitlement, no publisher to answer."""
-        self._route(Message(subject, content, fields), INTERNAL, lambda result: None, time.perf_counter_ns())
+    def publish_internal(
+        self,
+        subject: str,
+        content: bytes,
+        fields: Mapping[str, str],
+        qos: QoS = QoS.STANDARD,
+        reply: Reply | None = None,
+    ) -> None:
+        """The server's own publication (monitoring, MQTT session records): no entitlement."""
+        message = Message(subject, content, fields, qos=qos)
+        self._route(message, INTERNAL, reply or (lambda result: None), time.perf_counter_ns())
 
     async def _publish_after_decision(self, message: Message, origin: Origin, reply: Reply, start: int) -> None:
         denial = await self.custom_decision("authorize_publish", origin, message.subject)
@@ -675,6 +691,9 @@ class Engine:
 
     def deliver(self, subject: str, entry: Entry, guaranteed: bool) -> tuple[int, int]:
         """Queue one message for every local subscriber; return (recipients, frame size)."""
+        watch = self.watch
+        if watch is not None and subject.startswith(watch[0]):
+            watch[1](subject, entry)
         return self.fanout.deliver(subject, entry, guaranteed)
 
     def resync(self, subject: str) -> None:

@@ -23,7 +23,7 @@ from migratory.entitlement import Decision
 from migratory.http import Request, json_response, response
 from migratory.message import Message
 from migratory.protocol import Status
-from migratory.server.engine.core import Engine, Origin, PublishResult
+from migratory.server.engine.core import PRIVATE_PREFIX, Engine, Origin, PublishResult
 
 __all__ = ["HttpClient", "handle"]
 
@@ -156,7 +156,11 @@ def _snapshot(
     if reason is not None:
         engine.deny(origin, "snapshot", "invalid_subject", reason, subject)
         return _error(400, f"invalid subject: {reason}", keep)
-    denial = engine.authorizer.check_subscribe(origin, subject) if decided is False else decided
+    if subject.startswith(PRIVATE_PREFIX):
+        private = f"subjects under {PRIVATE_PREFIX} are the server's private state"
+        denial: Decision | bool = ("reserved_subject", private)
+    else:
+        denial = engine.authorizer.check_subscribe(origin, subject) if decided is False else decided
     if isinstance(denial, tuple):
         engine.deny(origin, "snapshot", denial[0], denial[1], subject)
         return _error(403, denial[1], keep)

@@ -29,8 +29,11 @@ from typing import Any, cast
 from migratory import mqtt as m
 from migratory import protocol as p
 from migratory.message import Message, QoS
+from migratory.protocol import encode_delivery
+from migratory.replica import RecoveryKind
 from migratory.server.engine.core import Engine, Origin, PublishResult
 from migratory.server.engine.types import Client
+from migratory.server.sessions.mqttstore import Record, SessionStore
 from migratory.subscriptions import SubjectSet
 from migratory.topics import Filter, TopicError, parse_filter, pattern_matches, subject_to_topic, topic_to_subject
 from migratory.websocket import (
@@ -85,15 +88,21 @@ class _SubOptions:
 class _Flow:
     """The per-client state of QoS 1 and 2 and of version 5 extras, created on first use (idle clients have none)."""
 
-    __slots__ = ("acks", "aliases", "awaiting_rel", "inflight", "next_id", "queue")
+    __slots__ = ("acks", "aliases", "awaiting_rel", "expiry", "inflight", "next_id", "positions", "queue", "since")
 
     def __init__(self) -> None:
-        self.inflight: dict[int, bytes] = {}  # packet id -> the PUBLISH sent, awaiting PUBACK
-        self.queue: deque[tuple[int, bytes]] = deque()  # QoS 1 deliveries beyond the client's receive maximum
+        # packet id -> (the PUBLISH as resent, with DUP; its subject, epoch and seq), awaiting PUBACK
+        self.inflight: dict[int, tuple[bytes, str, int, int]] = {}
+        # QoS 1 deliveries beyond the client's receive maximum: (packet id, PUBLISH, subject, epoch, seq)
+        self.queue: deque[tuple[int, bytes, str, int, int]] = deque()
         self.next_id = 0
         self.acks: deque[list[Any]] = deque()  # [packet id, kind, reason code or None while unanswered]
         self.awaiting_rel: set[int] = set()  # QoS 2 publications acknowledged with PUBREC, until PUBREL
         self.aliases: dict[int, str] = {}
+        # a session kept beyond its connection (clean session 0, or a session expiry interval)
+        self.expiry = 0  # seconds it outlives the connection
+        self.since = 0.0  # when this connection took it (wall clock)
+        self.positions: dict[str, tuple[int, int]] = {}  # subject -> the last QoS 1 message acknowledged
 
 
 class MqttConnection(asyncio.Protocol):
@@ -242,8 +251,11 @@ class MqttConnection(asyncio.Protocol):
         if engine.inflight or engine.held:
             engine.forget_session(self)
         if self.client_id:
-            if _owner(engine, self.client_id) is self:
-                del _TAKEN[id(engine)][self.client_id]
+            flow = self.flow
+            if flow is not None and flow.since:  # a stored session: kept (open: false), or emptied
+                SessionStore.of(engine).release(self, self.record(closed=True) if flow.expiry else None, write=True)
+            else:
+                SessionStore.of(engine).release(self, None, write=False)
             engine.stats.connections -= 1
             engine.stats.disconnections_total += 1
             engine.access(
@@ -401,10 +413,18 @@ class MqttConnection(asyncio.Protocol):
         self.client_id = sys.intern(client_id)
         self.state = _CONNECTED
         self.deadline = 0.0
-        previous = _owner(engine, client_id)
-        if previous is not None and previous is not self:
-            previous.taken_over()
-        _TAKEN.setdefault(id(engine), {})[client_id] = self
+        expiry = int(cast(int, packet.props.get(m.P_SESSION_EXPIRY, 0))) if packet.level == 5 else 0
+        if packet.level == 4 and not packet.clean:
+            expiry = 0xFFFFFFFF
+        expiry = min(expiry, engine.config.mqtt_session_expiry)
+        store = SessionStore.of(engine)
+        record = None
+        if packet.clean:
+            store.forget(client_id)
+        else:
+            record = store.load(client_id)
+            if record is not None and record.expired(time.time()):
+                record = None
         engine.stats.connections += 1
         engine.stats.connections_total += 1
         engine.access("connect", cast(Client, self), mqtt_level=packet.level, clean=packet.clean)
@@ -420,10 +440,19 @@ class MqttConnection(asyncio.Protocol):
             }
             if assigned:
                 props[m.P_ASSIGNED_ID] = assigned
-            if int(cast(int, packet.props.get(m.P_SESSION_EXPIRY, 0))):
-                props[m.P_SESSION_EXPIRY] = 0  # sessions end with their connection here (docs/mqtt.md)
-        self._queue(m.encode_connack(packet.level, False, 0, props))
+            if packet.props.get(m.P_SESSION_EXPIRY, 0) != expiry:
+                props[m.P_SESSION_EXPIRY] = expiry  # capped by MqttSessionExpiry
+        self._queue(m.encode_connack(packet.level, record is not None, 0, props))
         self._schedule_keepalive(self.last_rx)
+        if expiry or not packet.clean:
+            flow = self.flow or self._new_flow()
+            flow.expiry = expiry
+            flow.since = time.time()
+            if record is not None:
+                self._resume(record)
+            store.claim(self)
+        else:
+            store.register(self)
 
     def _refuse_connect(self, code: int, reason: str) -> None:
         """CONNACK with a refusal (its nearest 3.1.1 return code), then close."""
@@ -433,6 +462,79 @@ class MqttConnection(asyncio.Protocol):
         elif code in m.V3_CONNACK:
             self._queue(m.encode_connack(4, False, m.V3_CONNACK[code]))
         self.close("connect_refused")
+
+    @property
+    def owner(self) -> str:
+        """This connection's name across the cluster (in its session record)."""
+        return f"{SessionStore.of(self.engine).tag}/{self.sid}"
+
+    @property
+    def since(self) -> float:
+        return self.flow.since if self.flow is not None else 0.0
+
+    def record(self, *, closed: bool = False) -> Record | None:
+        """The session as stored (docs/mqtt.md, "Sessions"); None for a session that ends with its connection."""
+        flow = self.flow
+        if flow is None or not flow.since or not flow.expiry:
+            return None
+        subs = [(_filter_text(o.filter), o.qos, o.sub_id, o.rap) for o in (self.options or {}).values()]
+        return Record(self.owner, flow.since, not closed, flow.expiry, time.time(), subs, dict(flow.positions))
+
+    def _resume(self, record: Record) -> None:
+        """A stored session: its subscriptions again, then what its QoS 1 subscriptions missed, from the caches."""
+        engine = self.engine
+        flow = self.flow or self._new_flow()
+        flow.positions = dict(record.pos)
+        conn = cast(Client, self)
+        resumed: list[_SubOptions] = []
+        for text, qos, sub_id, rap in record.subs:
+            try:
+                filt = parse_filter(text)
+            except TopicError:
+                continue
+            if filt.subject is not None:
+                status, _ = engine.subscribe(conn, filt.subject, 0)
+            else:
+                status, filt = self._subscribe_pattern(filt, False)
+            if status != p.Status.OK:
+                continue
+            options = _SubOptions(filt, qos, sub_id, rap)
+            if self.options is None:
+                self.options = {}
+            self.options[filt.key] = options
+            if qos:
+                resumed.append(options)
+        replica = engine.replica
+        for options in resumed:
+            filt = options.filter
+            if filt.subject is not None:
+                subjects = [filt.subject]
+            else:
+                assert filt.pattern is not None
+                subjects = engine.matching_subjects(filt.pattern)
+            for subject in subjects:
+                if self._options_for(subject) is not options:
+                    continue  # another of its subscriptions delivers this subject
+                recovery = replica.recover(subject, *flow.positions.get(subject, (0, 0)))
+                if recovery.kind is RecoveryKind.RECOVER:
+                    for e in recovery.entries:
+                        delivery = encode_delivery(
+                            subject,
+                            e.content,
+                            e.fields,
+                            e.seq,
+                            e.epoch,
+                            retained=e.retained,
+                            guaranteed=True,
+                            recovered=True,
+                        )
+                        self._deliver(build_frame(OP_BINARY, delivery), options)
+                    engine.stats.messages_recovered += len(recovery.entries)
+                elif recovery.kind is RecoveryKind.RESYNC and recovery.snapshot is not None:
+                    engine.stats.resyncs += 1
+                    frame = engine.snapshot_frame(subject)
+                    if frame is not None:
+                        self._deliver(frame, options)
 
     def taken_over(self) -> None:
         """Another connection came with this client identifier: this one ends (no will: the session lives on)."""
@@ -466,6 +568,8 @@ class MqttConnection(asyncio.Protocol):
                 found = self.engine.unsubscribe(cast(Client, self), key)
                 if found and self.options is not None:
                     self.options.pop(key, None)
+                    if self.flow is not None and self.flow.expiry:
+                        SessionStore.of(self.engine).mark(self)
                 codes.append(m.Rc.SUCCESS if found else m.Rc.NO_SUBSCRIPTION_EXISTED)
             self._queue(m.encode_unsuback(packet.packet_id, codes, self.level))
         elif isinstance(packet, m.Disconnect):
@@ -573,11 +677,17 @@ class MqttConnection(asyncio.Protocol):
             return
         if packet.kind != m.PUBACK:
             raise m.MqttError(m.Rc.PROTOCOL_ERROR, "PUBREC or PUBCOMP for a message this server never sent at QoS 2")
-        if flow is None or flow.inflight.pop(packet.packet_id, None) is None:
+        sent = flow.inflight.pop(packet.packet_id, None) if flow is not None else None
+        if flow is None or sent is None:
             return  # an acknowledgement of nothing: ignored, as 5.0 section 4.3.2 allows
+        if flow.expiry:
+            _, subject, epoch, seq = sent
+            if seq > flow.positions.get(subject, (0, 0))[1]:
+                flow.positions[subject] = (epoch, seq)
+                SessionStore.of(self.engine).mark(self)
         while flow.queue and len(flow.inflight) < self.limits[0]:
-            packet_id, packet_bytes = flow.queue.popleft()
-            flow.inflight[packet_id] = packet_bytes
+            packet_id, packet_bytes, subject, epoch, seq = flow.queue.popleft()
+            flow.inflight[packet_id] = (_dup(packet_bytes), subject, epoch, seq)
             self._queue(packet_bytes)
 
     def _new_flow(self) -> _Flow:
@@ -646,6 +756,16 @@ class MqttConnection(asyncio.Protocol):
             if sub.retain_handling == 0 or (sub.retain_handling == 1 and new):
                 retained.append((options, subjects))
         self._queue(m.encode_suback(packet.packet_id, codes, self.level))
+        flow = self.flow
+        if flow is not None and flow.expiry:  # what a stored session will recover from: now
+            replica = engine.replica
+            for key, options in (self.options or {}).items():
+                if options.qos and options.filter.subject is not None:
+                    flow.positions.setdefault(options.filter.subject, replica.position(options.filter.subject))
+                elif options.qos and options.filter.pattern is not None and key[0] == "\x00":
+                    for subject in engine.matching_subjects(options.filter.pattern):
+                        flow.positions.setdefault(subject, replica.position(subject))
+            SessionStore.of(engine).mark(self)
         for options, subjects in retained:
             for subject in subjects:
                 frame = engine.snapshot_frame(subject)
@@ -708,20 +828,20 @@ class MqttConnection(asyncio.Protocol):
                     {m.P_SUBSCRIPTION_ID: options.sub_id, **({m.P_USER: users} if users else {})}
                 )
             packet_id = self._next_packet_id() if qos else 0
-            packet = m.encode_publish(level, topic, delivery.content, qos, retain, False, packet_id, props)
+            packet = m.encode_publish(level, topic, delivery.content, qos, retain, delivery.recovered, packet_id, props)
         max_packet = self.limits[1]
         if max_packet and len(packet) > max_packet:
             self.engine.stats.messages_dropped += 1  # the client said it cannot take it (MQTT 5 section 3.1.2.11)
             return
         if qos:
             flow = self.flow or self._new_flow()
-            resend = _dup(packet)
+            subject, epoch, seq = delivery.subject, delivery.epoch, delivery.seq
             if len(flow.inflight) >= self.limits[0]:
-                flow.queue.append((flow.next_id, resend))
+                flow.queue.append((flow.next_id, packet, subject, epoch, seq))
                 if len(flow.queue) * len(packet) > self.engine.max_pending:
                     self._slow_consumer()
                 return
-            flow.inflight[flow.next_id] = resend
+            flow.inflight[flow.next_id] = (_dup(packet), subject, epoch, seq)
         self._queue(packet)
 
     def _options_for(self, subject: str) -> _SubOptions | None:
@@ -926,9 +1046,9 @@ def _dup(packet: bytes) -> bytes:
     return bytes((packet[0] | 0x08,)) + packet[1:]
 
 
-_TAKEN: dict[int, dict[str, MqttConnection]] = {}
-"""Per engine (one per worker): client identifier -> its connection, for session takeover."""
-
-
-def _owner(engine: Engine, client_id: str) -> MqttConnection | None:
-    return _TAKEN.get(id(engine), {}).get(client_id)
+def _filter_text(filt: Filter) -> str:
+    """A subscription's filter as the client wrote it (a children-only ``**`` is stored as ``#``)."""
+    if filt.subject is not None:
+        return subject_to_topic(filt.subject)
+    assert filt.pattern is not None
+    return "/".join("#" if level == "**" else level for level in filt.pattern)
