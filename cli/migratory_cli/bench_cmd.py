@@ -203,7 +203,8 @@ def run_cmd(
     ),
     as_json: Path | None = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
 ) -> None:
-    """Run one workload and print the report (TLS targets: migratory-wss, nats-tls, mqtt-tls)."""
+    """Run one workload and print the report (TLS targets: migratory-wss, nats-tls, mqtt-tls; MQTT
+    targets: migratory-mqtt, mqtt, nats-mqtt)."""
     given = {
         "clients": clients,
         "subjects": subjects,
@@ -275,7 +276,7 @@ def peers_cmd(
     burst: int = typer.Option(50, help="Burst size in closed-loop mode."),
     processes: int = typer.Option(2, help="Load-generator processes."),
     sources: str = typer.Option("127.0.0.1", help="Source addresses, e.g. 127.0.0.2-127.0.0.8."),
-    workers: int = typer.Option(1, help="Workers of the migratory server."),
+    workers: int = typer.Option(1, help="Workers of the migratory server (every migratory-* target)."),
     idle: float = typer.Option(0.0, help="Seconds to leave the connections idle before measuring memory."),
     as_json: Path | None = typer.Option(None, "--json", help="Write every report as a JSON list."),
 ) -> None:
@@ -283,6 +284,9 @@ def peers_cmd(
 
     TLS: ``--targets migratory,migratory-wss,nats-tls,mqtt-tls`` (each TLS server gets a
     certificate from a test CA made for the run, which the load generators trust).
+
+    MQTT: ``--targets migratory-mqtt,mqtt,nats-mqtt`` (this server's ListenMqtt, Mosquitto,
+    nats-server's MQTT listener with JetStream), driven by the same MQTT 3.1.1 QoS 0 clients.
     """
     reports = []
     for target in [t.strip() for t in targets.split(",") if t.strip()]:

@@ -422,7 +422,9 @@ class MqttConnection(asyncio.Protocol):
         if packet.clean:
             store.forget(client_id)
         else:
-            record = store.load(client_id)
+            local = store.live.get(client_id)  # taken over on this worker: its state is newer than its record
+            record = local.record() if local is not None else None
+            record = record or store.load(client_id)
             if record is not None and record.expired(time.time()):
                 record = None
         engine.stats.connections += 1
@@ -755,6 +757,8 @@ class MqttConnection(asyncio.Protocol):
             codes.append(granted)
             if sub.retain_handling == 0 or (sub.retain_handling == 1 and new):
                 retained.append((options, subjects))
+        if self.level == 4:
+            codes = [c if c < 0x80 else 0x80 for c in codes]  # 3.1.1 has one failure code
         self._queue(m.encode_suback(packet.packet_id, codes, self.level))
         flow = self.flow
         if flow is not None and flow.expiry:  # what a stored session will recover from: now

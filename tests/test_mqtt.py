@@ -1,0 +1,332 @@
+"""MQTT against clients nobody here wrote: paho-mqtt (3.1.1 and 5.0) and Debian's mosquitto_pub/sub.
+
+Each test runs a real server with ``ListenMqtt`` (and ``ListenMqttEncrypted`` for TLS) and checks
+what the MQTT specifications and docs/mqtt.md promise: retained messages as snapshots, QoS 1,
+wildcards, the last will, session takeover and resumption, entitlement refusals with their
+reason codes, and the way MQTT and the native protocol reach each other's subscribers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jwt
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from migratory.certs import create_ca, issue_server_cert
+from migratory.client import MigratoryClient
+from migratory.message import MessageType
+from tests.conftest import ServerProcess, free_port
+
+MOSQUITTO_SUB = shutil.which("mosquitto_sub")
+MOSQUITTO_PUB = shutil.which("mosquitto_pub")
+needs_mosquitto_clients = pytest.mark.skipif(
+    MOSQUITTO_SUB is None, reason="Debian's mosquitto-clients is not installed (.ci/deps.sh installs it)"
+)
+V311, V5 = mqtt.MQTTv311, mqtt.MQTTv5
+SECRET = "mqtt-test-secret-0123456789abcdef"
+
+
+class Received:
+    """Messages a paho client got, with a condition to wait on."""
+
+    def __init__(self) -> None:
+        self.items: list[mqtt.MQTTMessage] = []
+        self.cond = threading.Condition()
+
+    def add(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
+        with self.cond:
+            self.items.append(message)
+            self.cond.notify_all()
+
+    def wait(self, count: int, timeout: float = 10.0) -> list[mqtt.MQTTMessage]:
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.items) >= count, timeout)
+            return list(self.items)
+
+    def payloads(self) -> list[bytes]:
+        with self.cond:
+            return [m.payload for m in self.items]
+
+
+@pytest.fixture
+def mqtt_server(server_factory: Callable[..., ServerProcess]) -> Callable[..., tuple[ServerProcess, int]]:
+    def start(extra: dict[str, str] | None = None) -> tuple[ServerProcess, int]:
+        port = free_port()
+        srv = server_factory({"ListenMqtt": f"127.0.0.1:{port}", **(extra or {})})
+        return srv, port
+
+    return start
+
+
+@pytest.fixture
+def clients() -> Iterator[list[mqtt.Client]]:
+    made: list[mqtt.Client] = []
+    yield made
+    for client in made:
+        client.loop_stop()
+        client.disconnect()
+
+
+def connect(
+    made: list[mqtt.Client],
+    port: int,
+    client_id: str = "",
+    version: int = V311,
+    *,
+    clean: bool = True,
+    received: Received | None = None,
+    password: str | None = None,
+    will: tuple[str, bytes] | None = None,
+    properties: Properties | None = None,
+) -> mqtt.Client:
+    """A connected paho client running its network loop (CONNACK checked: success)."""
+    kwargs: dict[str, Any] = {"client_id": client_id, "protocol": version}
+    if version == V311:
+        kwargs["clean_session"] = clean
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, **kwargs)
+    if received is not None:
+        client.on_message = received.add
+    if password is not None:
+        client.username_pw_set("user", password)
+    if will is not None:
+        client.will_set(will[0], will[1], qos=1)
+    done = threading.Event()
+    codes: list[Any] = []
+
+    def on_connect(_c: mqtt.Client, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
+        codes.append(reason)
+        done.set()
+
+    client.on_connect = on_connect
+    if version == V5:
+        client.connect("127.0.0.1", port, clean_start=clean, properties=properties)
+    else:
+        client.connect("127.0.0.1", port)
+    client.loop_start()
+    made.append(client)
+    assert done.wait(10), "no CONNACK"
+    assert not codes[0].is_failure, f"CONNACK refused: {codes[0]}"
+    return client
+
+
+def subscribe(client: mqtt.Client, topic: str, qos: int = 1, properties: Properties | None = None) -> list[Any]:
+    """SUBSCRIBE and wait for the SUBACK; returns its reason codes."""
+    done = threading.Event()
+    codes: list[Any] = []
+
+    def on_subscribe(_c: mqtt.Client, _u: Any, _mid: int, reasons: list[Any], _props: Any) -> None:
+        codes.extend(reasons)
+        done.set()
+
+    client.on_subscribe = on_subscribe
+    client.subscribe(topic, qos=qos, properties=properties)
+    assert done.wait(10), "no SUBACK"
+    return codes
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_publish_subscribe_retained_qos1_and_wildcards(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client], version: int
+) -> None:
+    _, port = mqtt_server()
+    got = Received()
+    sub = connect(clients, port, "sub", version, received=got)
+    assert [c.value for c in subscribe(sub, "sensors/+/temp", 1)] == [1]
+    assert [c.value for c in subscribe(sub, "plant/#", 0)] == [0]
+    pub = connect(clients, port, "pub", version)
+    pub.publish("sensors/a/temp", b"21.5", qos=1).wait_for_publish(5)
+    pub.publish("plant/line1/state", b"running", qos=0)
+    items = got.wait(2)
+    assert [(m.topic, m.payload, m.qos, m.retain) for m in items[:2]] == [
+        ("sensors/a/temp", b"21.5", 1, False),
+        ("plant/line1/state", b"running", 0, False),
+    ]
+    # a retained publication is the subject's snapshot: a later subscriber gets it, flagged retained
+    pub.publish("sensors/b/temp", b"19.0", qos=1, retain=True).wait_for_publish(5)
+    late = Received()
+    late_client = connect(clients, port, "late", version, received=late)
+    subscribe(late_client, "sensors/#", 1)
+    first = late.wait(1)[0]
+    assert (first.topic, first.payload, first.retain, first.qos) == ("sensors/b/temp", b"19.0", True, 1)
+    # an empty retained message clears it for MQTT subscribers (docs/mqtt.md)
+    pub.publish("sensors/b/temp", b"", qos=1, retain=True).wait_for_publish(5)
+    cleared = Received()
+    third = connect(clients, port, "third", version, received=cleared)
+    subscribe(third, "sensors/b/temp", 1)
+    time.sleep(0.5)
+    assert cleared.payloads() == []
+
+
+def test_mosquitto_clients_publish_and_subscribe(mqtt_server: Callable[..., tuple[ServerProcess, int]]) -> None:
+    if MOSQUITTO_SUB is None or MOSQUITTO_PUB is None:
+        pytest.skip("Debian's mosquitto-clients is not installed (.ci/deps.sh installs it)")
+    _, port = mqtt_server()
+    common = ["-h", "127.0.0.1", "-p", str(port)]
+    # a retained message first, then a subscriber that waits for three messages (the retained one, two live)
+    subprocess.run([MOSQUITTO_PUB, *common, "-t", "m/retained", "-m", "kept", "-r", "-q", "1"], check=True, timeout=10)
+    for version in ("mqttv311", "mqttv5"):
+        sub = subprocess.Popen(
+            [MOSQUITTO_SUB, *common, "-V", version, "-t", "m/#", "-q", "1", "-v", "-C", "3", "-W", "10"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(0.5)
+        for n in range(2):
+            subprocess.run(
+                [MOSQUITTO_PUB, *common, "-V", version, "-t", f"m/live{n}", "-m", f"v{n}", "-q", "1"],
+                check=True,
+                timeout=10,
+            )
+        out, _ = sub.communicate(timeout=15)
+        assert sub.returncode == 0, out
+        assert out.splitlines() == ["m/retained kept", "m/live0 v0", "m/live1 v1"]
+
+
+def test_mqtt_and_native_clients_reach_each_other(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    srv, port = mqtt_server()
+    got = Received()
+    sub = connect(clients, port, "bridge-sub", V5, received=got)
+    subscribe(sub, "cross/native", 1)
+
+    async def native_side() -> list[tuple[bytes, dict[str, str]]]:
+        async with MigratoryClient([srv.ws_url]) as client:
+            await client.subscribe(["/cross/mqtt"])
+            await client.publish("/cross/native", b"from native", fields={"price": "10"})
+            props = Properties(PacketTypes.PUBLISH)
+            props.UserProperty = [("volume", "7"), ("side", "buy")]
+            pub = connect(clients, port, "bridge-pub", V5)
+            pub.publish("cross/mqtt", b"from mqtt", qos=1, properties=props).wait_for_publish(5)
+            seen = []
+            while len(seen) < 1:
+                message = await client.next_message(10)
+                if message.type is MessageType.UPDATE:
+                    seen.append((message.content, dict(message.fields)))
+            return seen
+
+    assert asyncio.run(asyncio.wait_for(native_side(), 30)) == [(b"from mqtt", {"volume": "7", "side": "buy"})]
+    message = got.wait(1)[0]
+    assert (message.topic, message.payload) == ("cross/native", b"from native")
+    assert message.properties is not None and message.properties.UserProperty == [("price", "10")]
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_last_will_is_published_when_the_client_vanishes(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client], version: int
+) -> None:
+    _, port = mqtt_server()
+    got = Received()
+    watcher = connect(clients, port, "watcher", version, received=got)
+    subscribe(watcher, "devices/+/status", 1)
+    doomed = connect(clients, port, "doomed", version, will=("devices/d1/status", b"offline"))
+    doomed.loop_stop()
+    doomed.socket().close()  # no DISCONNECT: the server must publish the will
+    clients.remove(doomed)
+    assert [(m.topic, m.payload) for m in got.wait(1)] == [("devices/d1/status", b"offline")]
+    # a client that says DISCONNECT leaves no will
+    polite = connect(clients, port, "polite", version, will=("devices/d2/status", b"offline"))
+    polite.disconnect()
+    polite.loop_stop()
+    clients.remove(polite)
+    time.sleep(0.5)
+    assert len(got.payloads()) == 1
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_session_takeover_and_resumption(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client], version: int
+) -> None:
+    _, port = mqtt_server()
+    props = None
+    if version == V5:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+    got = Received()
+    first = connect(clients, port, "same-id", version, clean=False, received=got, properties=props)
+    subscribe(first, "session/t", 1)
+    ended = threading.Event()
+    first.on_disconnect = lambda *_: ended.set()
+    # the same client id again: the first connection is closed (taken over), the session goes on
+    again = Received()
+    second = connect(clients, port, "same-id", version, clean=False, received=again, properties=props)
+    assert ended.wait(5), "the first connection was not taken over"
+    first.loop_stop()
+    pub = connect(clients, port, "session-pub", version)
+    pub.publish("session/t", b"after takeover", qos=1).wait_for_publish(5)
+    assert [m.payload for m in again.wait(1)] == [b"after takeover"]  # the subscription came with the session
+    second.disconnect()
+    second.loop_stop()
+    clients.remove(second)
+    # a clean session starts empty: no subscription survives
+    fresh = Received()
+    connect(clients, port, "same-id", version, clean=True, received=fresh)
+    pub.publish("session/t", b"nobody", qos=1).wait_for_publish(5)
+    time.sleep(0.5)
+    assert fresh.payloads() == []
+
+
+def test_entitlement_refusals_use_the_reason_codes(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    _, port = mqtt_server({"Entitlement": "JWT", "EntitlementJwtSecret": SECRET})
+    token = jwt.encode({"permissions": {"sub": ["/allowed/**"], "pub": ["/allowed/**"]}}, SECRET, algorithm="HS256")
+    v5 = connect(clients, port, "jwt5", V5, password=token)
+    assert [c.value for c in subscribe(v5, "allowed/x", 1)] == [1]
+    assert [c.value for c in subscribe(v5, "secret/x", 1)] == [0x87]
+    assert [c.value for c in subscribe(v5, "allowed/#", 1)] == [1]  # the parent is not entitled: children only
+    acks: list[int] = []
+    done = threading.Event()
+
+    def on_publish(_c: mqtt.Client, _u: Any, _mid: int, reason: Any, _props: Any) -> None:
+        acks.append(reason.value)
+        done.set()
+
+    v5.on_publish = on_publish
+    v5.publish("secret/x", b"no", qos=1)
+    assert done.wait(5)
+    assert acks == [0x87]
+    v3 = connect(clients, port, "jwt3", V311, password=token)
+    assert [c.value for c in subscribe(v3, "secret/x", 1)] == [0x80]
+    no_token = connect(clients, port, "anon5", V5)
+    assert [c.value for c in subscribe(no_token, "allowed/x", 1)] == [0x87]
+
+
+def test_topics_that_are_not_subjects_are_refused_with_a_reason(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    _, port = mqtt_server()
+    client = connect(clients, port, "odd", V5)
+    codes = [subscribe(client, topic, 1)[0].value for topic in ("single", "/leading", "a//b", "$SYS/#", "$share/g/a/b")]
+    assert codes == [0x8F, 0x8F, 0x8F, 0x8F, 0x9E]
+
+
+def test_mqtt_over_tls(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path, clients: list[mqtt.Client]
+) -> None:
+    ca, ca_key = create_ca(tmp_path / "ca")
+    cert, key = issue_server_cert(ca, ca_key, ["localhost", "127.0.0.1"], tmp_path / "srv")
+    port = free_port()
+    server_factory({"ListenMqttEncrypted": f"127.0.0.1:{port}", "TLSCertificate": str(cert), "TLSKey": str(key)})
+    got = Received()
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="tls", protocol=V5)
+    client.tls_set(ca_certs=str(ca))
+    client.on_message = got.add
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    clients.append(client)
+    subscribe(client, "secure/t", 1)
+    client.publish("secure/t", b"over tls", qos=1).wait_for_publish(5)
+    assert [m.payload for m in got.wait(1)] == [b"over tls"]

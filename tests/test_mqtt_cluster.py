@@ -1,0 +1,114 @@
+"""MQTT QoS 1 through a member's death, with paho (a client nobody here wrote).
+
+A persistent session (clean session 0, and MQTT 5 with a session expiry) subscribes on one
+member of a three-member Guaranteed cluster; a publisher on another member publishes QoS 1
+without pause; the subscriber's member is SIGKILLed; later the subscriber comes back with the
+same client id on the third member and must get every acknowledged publication, in order,
+with redeliveries flagged DUP (docs/mqtt.md, "Sessions").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from migratory.bench.cluster import LocalCluster, free_ports
+
+pytestmark = pytest.mark.slow
+
+
+class Subscriber:
+    """A paho session that records (number, dup) for each message."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.got: list[tuple[int, bool]] = []
+        self.lock = threading.Lock()
+        self.client: mqtt.Client | None = None
+
+    def connect(self, host: str, port: int) -> None:
+        kwargs: dict[str, object] = {"client_id": "persistent-sub", "protocol": self.version}
+        props = None
+        if self.version == mqtt.MQTTv311:
+            kwargs["clean_session"] = False
+        else:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 600
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, **kwargs)  # type: ignore[arg-type]
+        client.on_message = self._on_message
+        connected = threading.Event()
+        client.on_connect = lambda *_: connected.set()
+        if self.version == mqtt.MQTTv5:
+            client.connect(host, port, clean_start=False, properties=props)
+        else:
+            client.connect(host, port)
+        client.loop_start()
+        assert connected.wait(10)
+        self.client = client
+
+    def _on_message(self, _c: mqtt.Client, _u: object, message: mqtt.MQTTMessage) -> None:
+        with self.lock:
+            self.got.append((int(message.payload), bool(message.dup)))
+
+    def numbers(self) -> list[int]:
+        with self.lock:
+            return [n for n, _ in self.got]
+
+
+@pytest.mark.parametrize("version", [mqtt.MQTTv311, mqtt.MQTTv5])
+def test_a_persistent_session_gets_every_qos1_message_after_its_member_is_killed(tmp_path: Path, version: int) -> None:
+    with LocalCluster(tmp_path, 3, mode="Guaranteed", base=51 if version == mqtt.MQTTv311 else 54) as cluster:
+        ports = {}
+        for member in cluster.members:
+            ports[member.index] = free_ports(member.host, 1)[0]
+            with member.conf.open("a") as conf:
+                conf.write(f"ListenMqtt = {member.host}:{ports[member.index]}\n")
+        cluster.start_all()
+        sub = Subscriber(version)
+        sub.connect(cluster[0].host, ports[0])
+        assert sub.client is not None
+        subscribed = threading.Event()
+        sub.client.on_subscribe = lambda *_: subscribed.set()
+        sub.client.subscribe("orders/eu", qos=1)
+        assert subscribed.wait(10)
+        pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="publisher", protocol=version)
+        pub.connect(cluster[1].host, ports[1])
+        pub.loop_start()
+        acknowledged = []
+        try:
+            for n in range(1, 301):
+                info = pub.publish("orders/eu", str(n).encode(), qos=1)
+                info.wait_for_publish(10)
+                assert info.is_published(), f"publication {n} not acknowledged"
+                acknowledged.append(n)
+                if n == 100:
+                    deadline = time.monotonic() + 10
+                    while len(sub.numbers()) < 100 and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    sub.client.loop_stop()
+                    cluster.kill(0)  # the subscriber's member dies with its session's connection
+                if n == 200:
+                    sub.connect(cluster[2].host, ports[2])  # the same client id, on another member
+        finally:
+            pub.loop_stop()
+        deadline = time.monotonic() + 15
+        while set(acknowledged) - set(sub.numbers()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        numbers = sub.numbers()
+        assert sorted(set(acknowledged) - set(numbers)) == [], "acknowledged messages lost"
+        first_seen = list(dict.fromkeys(numbers))
+        assert first_seen == sorted(first_seen), "out of order"
+        with sub.lock:
+            seen: set[int] = set()
+            for number, dup in sub.got:
+                assert number not in seen or dup, f"{number} delivered twice without the DUP flag"
+                seen.add(number)
+        if sub.client is not None:
+            sub.client.loop_stop()
