@@ -11,6 +11,8 @@ set -euo pipefail
 need=()
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=(nats-server)
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+# mosquitto_pub and mosquitto_sub: MQTT clients nobody here wrote (tests/test_mqtt.py)
+command -v mosquitto_sub >/dev/null 2>&1 || need+=(mosquitto-clients)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need+=(iproute2)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
