@@ -8,7 +8,7 @@ Checked before Packer runs, so a mistake costs seconds and not a VM boot: the DE
 migratorydata package (and the analytics DEB a migratorydata-analytics of the same version),
 the base is a qcow2, the SSH key exists, and the configuration (the packaged one unless
 --config is given) passes the server's own parse. The firewall ports are those the
-configuration listens on other than loopback (Listen, ListenEncrypted, MonitorHTTP.Listen,
+configuration listens on other than loopback (Listen, ListenEncrypted, ListenMqtt, ListenMqttEncrypted, MonitorHTTP.Listen,
 MonitorHTTP.ListenEncrypted), so the image opens exactly what the server serves to others.
 Then `packer validate` and, for build, `packer build` with the same variables; the image is
 OUTPUT/migratorydata.qcow2. --accel auto uses KVM when /dev/kvm creates a VM and, for a build,
@@ -76,7 +76,14 @@ def config_ports(conf: Path) -> list[int]:
         config = Config.from_file(conf)
     except ConfigError as err:
         raise InputError(f"{conf} is not a valid configuration:\n{err}") from err
-    endpoints = [*config.listen, *config.listen_encrypted, *config.monitor_listen, *config.monitor_listen_encrypted]
+    endpoints = [
+        *config.listen,
+        *config.listen_encrypted,
+        *config.listen_mqtt,
+        *config.listen_mqtt_encrypted,
+        *config.monitor_listen,
+        *config.monitor_listen_encrypted,
+    ]
     return sorted({e.port for e in endpoints if not loopback(e.host)})
 
 

@@ -27,8 +27,8 @@ variable "config" {
 
 variable "ports" {
   type        = list(number)
-  default     = [8800]
-  description = "TCP ports the firewall opens besides SSH: those of Listen, ListenEncrypted, MonitorHTTP.Listen."
+  default     = [8800, 1883]
+  description = "TCP ports the firewall opens besides SSH: those of Listen, ListenEncrypted, ListenMqtt, ListenMqttEncrypted, MonitorHTTP.Listen."
 }
 
 variable "ssh_private_key_file" {

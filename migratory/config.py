@@ -521,7 +521,8 @@ class Config:
         (),
         _parse_optional_endpoints,
         "Listeners of the HTTP monitoring service (/stats, /metrics, /health), comma-separated "
-        "addr:port; none disables it. Put it on a LAN address.",
+        "addr:port; none disables it. Put it on a LAN address. The TLS counters of /metrics (migratory_tls_*) "
+        "are listed in docs/security.md.",
         shown="none",
     )
     monitor_username: str = key(

@@ -54,6 +54,7 @@ MAINTAINER = "migratorydata-py maintainers <maintainers@migratorydata.invalid>"
 # publishes until the operator opens it, and the file says how).
 PACKAGED_KEYS = {
     "Listen": "*:8800",
+    "ListenMqtt": "*:1883",
     "LogFolder": "/var/log/migratorydata",
     "StateFolder": "/var/lib/migratorydata",
     "MonitorHTTP.Listen": "127.0.0.1:9900",
@@ -61,6 +62,8 @@ PACKAGED_KEYS = {
 PACKAGED_NOTES = {
     "Listen": "Packaged: every interface, so other machines reach the appliance (they subscribe; who may\n"
     "# publish is PublishAllowFromAddressList below).",
+    "ListenMqtt": "Packaged: MQTT 3.1.1 and 5.0 on every interface, the standard port (docs/mqtt.md); MQTT over\n"
+    "# WebSocket is on Listen's port at /mqtt. none turns the TCP listener off.",
     "MonitorHTTP.Listen": "Packaged: this machine only (curl http://127.0.0.1:9900/stats). To read it from elsewhere,\n"
     "# bind a LAN address and set MonitorHTTP.Username and MonitorHTTP.Password.",
 }
@@ -69,7 +72,7 @@ CONF_HEADER = """\
 # Installed by the migratorydata package as /etc/migratorydata/migratorydata.conf.
 # Edit it, check it with `migratory config check /etc/migratorydata/migratorydata.conf`,
 # then `systemctl restart migratorydata` (`systemctl reload` re-reads the TLS certificate
-# only). Your edits are kept on upgrade. Set here: Listen (every interface, port 8800),
+# only). Your edits are kept on upgrade. Set here: Listen (every interface, port 8800), ListenMqtt (MQTT, port 1883),
 # LogFolder and StateFolder (owned by the migratorydata user), MonitorHTTP.Listen (this
 # machine only) and PublishAllowFromAddressList (publishing from this machine only, until
 # you open it: see that key's comment).

@@ -411,6 +411,7 @@ def test_installed_files_owners_and_modes(installed: Chroot) -> None:
     text = installed.path(CONF).read_text()
     for line in (
         "Listen = *:8800",
+        "ListenMqtt = *:1883",  # MQTT on the standard port
         "LogFolder = /var/log/migratorydata",
         "StateFolder = /var/lib/migratorydata",
         "MonitorHTTP.Listen = 127.0.0.1:9900",  # monitoring for this machine only
@@ -476,13 +477,14 @@ def test_systemd_analyze_verify(installed: Chroot) -> None:
 def serve_as_unit(box: Chroot, unit: str = UNIT, port: int = 80) -> tuple[subprocess.Popen[bytes], str]:
     """The unit's ExecStartPre, then ExecStart as systemd would run them, on a loopback address of its own.
 
-    Listen and MonitorHTTP.Listen are moved to a random 127.x.y.z (other suites use the usual ports);
+    Listen, ListenMqtt and MonitorHTTP.Listen are moved to a random 127.x.y.z (other suites use the usual ports);
     the rest of the installed configuration stays. Returns the server process and its host.
     """
     directives = unit_directives(box.path(unit).read_text())
     host = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(2, 254)}"
     conf = box.path(CONF)
     text = conf.read_text().replace("\nListen = *:8800\n", f"\nListen = {host}:{port}\n")
+    text = text.replace("\nListenMqtt = *:1883\n", f"\nListenMqtt = {host}:1883\n")
     conf.write_text(text.replace("\nMonitorHTTP.Listen = 127.0.0.1:9900\n", f"\nMonitorHTTP.Listen = {host}:9900\n"))
     pre = box.run(*as_unit_user(directives, directives["ExecStartPre"][0]))
     assert "OK" in pre.stdout and "warning" not in pre.stdout + pre.stderr, pre.stdout + pre.stderr
@@ -644,7 +646,7 @@ def test_packer_validate_through_the_wrapper(built: Built, image_inputs: tuple[P
     common = ["--base", str(base), "--deb", str(built.deb), "--ssh-key", str(key)]
     done = wrapper("validate", *common)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "image ports: [8800]" in done.stderr  # the packaged Listen; monitoring is on loopback, not opened
+    assert "image ports: [1883, 8800]" in done.stderr  # the packaged Listen and ListenMqtt; not the monitoring
     conf = tmp_path / "appliance.conf"
     conf.write_text("Listen = *:80\nListenEncrypted = none\nMonitorHTTP.Listen = 10.0.0.5:8801\n")
     custom = wrapper("validate", *common, "--config", str(conf))
