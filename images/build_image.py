@@ -8,8 +8,9 @@ Checked before Packer runs, so a mistake costs seconds and not a VM boot: the DE
 migratorydata package (and the analytics DEB a migratorydata-analytics of the same version),
 the base is a qcow2, the SSH key exists, and the configuration (the packaged one unless
 --config is given) passes the server's own parse. The firewall ports are those the
-configuration listens on other than loopback (Listen, ListenEncrypted, ListenMqtt, ListenMqttEncrypted, MonitorHTTP.Listen,
-MonitorHTTP.ListenEncrypted), so the image opens exactly what the server serves to others.
+configuration listens on other than loopback (Listen, ListenEncrypted, ListenMqtt,
+ListenMqttEncrypted, MonitorHTTP.Listen, MonitorHTTP.ListenEncrypted), so the image opens exactly
+what the server serves to others.
 Then `packer validate` and, for build, `packer build` with the same variables; the image is
 OUTPUT/migratorydata.qcow2. --accel auto uses KVM when /dev/kvm creates a VM and, for a build,
 a throwaway KVM boot of the base image reaches its init; else TCG, software emulation.
