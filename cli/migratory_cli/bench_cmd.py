@@ -484,7 +484,8 @@ def failover_cmd(
             _console.print(
                 f"round {n + 1} {round_mode:10} {name:20} {mark} acked {result.acked:5} unacked {result.unacked:3} "
                 f"gap max {max(result.gaps, default=0):.3f} s ack gap max {max(result.ack_gaps, default=0):.3f} s "
-                f"recovered {sum(result.recovered):4} ({result.seconds:.1f} s)"
+                f"recovered {sum(result.recovered):4} mqtt {result.mqtt_received}/{result.mqtt_reconnections} "
+                f"({result.seconds:.1f} s)"
             )
             if not result.ok:
                 failed = True

@@ -30,6 +30,8 @@ from typing import Any
 
 from migratory.bench.checker import Recorder, check, content_of
 from migratory.bench.cluster import LocalCluster
+from migratory.bench.mqttobserver import MqttObserver, check_mqtt
+from migratory.bench.mqttobserver import available as mqtt_available
 from migratory.bench.netns import Namespaces
 from migratory.client import MigratoryClient
 from migratory.groups import group_of
@@ -84,6 +86,8 @@ class RoundResult:
     seconds: float = 0.0
     victim: int = -1
     ack_gaps: list[float] = field(default_factory=list)  # per publisher loop: longest wait between two acks
+    mqtt_received: int = 0  # what the MQTT observer (Guaranteed rounds) got, redeliveries included
+    mqtt_reconnections: int = 0  # how often it came back on another member with its session
 
     @property
     def ok(self) -> bool:
@@ -212,6 +216,12 @@ async def _round(
     recorders = [Recorder(f"sub{i}", servers, request_timeout=8.0) for i in range(2 * size)]
     for recorder in recorders:
         await recorder.start(subjects)
+    coordinator = await loop.run_in_executor(None, _coordinator_of, cluster, subjects[0])
+    observer: MqttObserver | None = None
+    if mode == "Guaranteed" and mqtt_available():  # QoS 1 through the fault, with a client nobody here wrote
+        members = [(m.host, m.client_port) for m in cluster.members]
+        observer = MqttObserver("fault-observer", members, coordinator, [s[1:] for s in subjects])
+        await loop.run_in_executor(None, observer.start)
     retries = 40  # both modes number a retried publish id once (the ids travel with the state)
     publishers = [_Publisher(f"pub{i}", servers, subjects, 2 / rate, retries) for i in range(2)]
     for publisher in publishers:
@@ -219,7 +229,6 @@ async def _round(
     stop = asyncio.Event()
     tasks = [asyncio.create_task(p.run(stop)) for p in publishers]
     await asyncio.sleep(1.5)
-    coordinator = await loop.run_in_executor(None, _coordinator_of, cluster, subjects[0])
     pause = max(2.0, 2.5 * heartbeat_timeout / 1000)
     victim = coordinator
     probes: list[str] = []  # what a member's /health promised and the member could not do
@@ -307,6 +316,13 @@ async def _round(
     violations = check([r.history for r in recorders], acked, guaranteed=guaranteed, lossless=lossless, keep=keep)
     violations += await loop.run_in_executor(None, _in_sync, cluster, recorders, subjects)
     violations += probes
+    if observer is not None:
+        contents = {subject: [c for c, _ in items] for subject, items in acked.items()}
+        await loop.run_in_executor(None, observer.wait_for, {s[1:]: set(c) for s, c in contents.items()}, 20.0)
+        order = {subject: recorders[0].history.contents(subject) for subject in subjects}
+        violations += check_mqtt(observer, contents, order)
+        await loop.run_in_executor(None, observer.stop)
+        say(f"mqtt observer: {len(observer.received)} received, {observer.reconnections} reconnections")
     result = RoundResult(
         fault,
         mode,
@@ -321,6 +337,8 @@ async def _round(
         history=str(keep) if keep.exists() else None,
         victim=victim,
         ack_gaps=[g for p in publishers for t in p.ack_times.values() if (g := _ack_gap(t, fault_at)) is not None],
+        mqtt_received=len(observer.received) if observer is not None else 0,
+        mqtt_reconnections=observer.reconnections if observer is not None else 0,
     )
     for client in (*(p.client for p in publishers), *(r.client for r in recorders)):
         await client.close()
