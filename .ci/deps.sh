@@ -39,6 +39,8 @@ command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || need+=(e2f
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # Node.js for the JavaScript client's tests (node --test)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
+# npm (a separate Debian package): npm pack for the JavaScript client and MQTT.js (tests/test_mqtt_browser.py)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v apt-ftparchive >/dev/null 2>&1 || need+=(apt-utils)
 command -v gpg >/dev/null 2>&1 || need+=(gnupg)
 command -v gpgv >/dev/null 2>&1 || need+=(gpgv)

@@ -237,7 +237,7 @@ class _Reader:
             pid = self.varint("property identifier")
             kind_of = _PROPERTY_TYPES.get(pid)
             if kind_of is None or pid not in allowed:
-                raise MqttError(Rc.PROTOCOL_ERROR, f"property 0x{pid:02x} is not allowed in this packet")
+                raise MqttError(Rc.MALFORMED, f"property 0x{pid:02x} is not allowed in this packet")  # 5.0 2.2.2.2
             value: object
             if kind_of == _BYTE:
                 value = self.byte("property")

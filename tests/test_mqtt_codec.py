@@ -125,7 +125,7 @@ def _connect(level: int, flags: int, client_id: str = "c", extra: bytes = b"", p
         (_connect(4, 0x1A), m.Rc.MALFORMED),  # will QoS 3
         (_connect(4, 0x22), m.Rc.MALFORMED),  # will retain without a will
         (_connect(5, 0x02, props=b"\x03\x21\x00\x00"), m.Rc.PROTOCOL_ERROR),  # receive maximum 0
-        (_connect(5, 0x02, props=b"\x02\x01\x01"), m.Rc.PROTOCOL_ERROR),  # a PUBLISH property in CONNECT
+        (_connect(5, 0x02, props=b"\x02\x01\x01"), m.Rc.MALFORMED),  # a PUBLISH property in CONNECT
         (_connect(4, 0x02, extra=b"trailing"), m.Rc.MALFORMED),
         (_connect(4, 0x02, client_id="a\x00b"), m.Rc.MALFORMED),
     ],
@@ -178,7 +178,7 @@ def test_property_rules_5() -> None:
         with pytest.raises(m.MqttError) as refused:
             m.decode(m.PUBLISH, 0, _publish_body("a/b", props, b"x"), 5)
         codes.append(refused.value.code)
-    assert codes == [m.Rc.IMPLEMENTATION_SPECIFIC, m.Rc.PROTOCOL_ERROR, m.Rc.PROTOCOL_ERROR]
+    assert codes == [m.Rc.IMPLEMENTATION_SPECIFIC, m.Rc.PROTOCOL_ERROR, m.Rc.MALFORMED]
 
 
 def test_server_packets() -> None:

@@ -37,7 +37,7 @@ from migratory.server.node.bus import Bus
 from migratory.server.node.counters import SharedCounters
 from migratory.server.process.monitor import Monitor, MonitorConnection
 from migratory.server.sessions.connection import Connection
-from migratory.server.sessions.mqtt import MqttConnection
+from migratory.server.sessions.mqtt import mqtt_connection
 from migratory.server.transport import raw as rawtransport
 from migratory.server.transport.context import build_context, reload_context
 
@@ -126,7 +126,7 @@ def listener_names(config: Config) -> tuple[str, ...]:
 
 def _factory(engine: Engine, listener: str, scheme: str) -> Callable[[], asyncio.Protocol]:
     if scheme in ("mqtt", "mqtts"):
-        return lambda: MqttConnection(engine, listener, scheme)
+        return lambda: mqtt_connection(engine, listener, scheme)
     return lambda: Connection(engine, listener, scheme)
 
 

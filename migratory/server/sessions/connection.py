@@ -575,7 +575,7 @@ class Connection(Session, asyncio.Protocol):
 
     def _upgrade_mqtt(self, request: Request, lines: list[str], offered: list[str]) -> None:
         """``/mqtt``: MQTT over WebSocket; the connection is handed to an MQTT session (same transport)."""
-        from migratory.server.sessions.mqtt import MqttConnection
+        from migratory.server.sessions.mqtt import mqtt_connection
 
         if "mqtt" not in offered:
             self._http_error(400, "MQTT over WebSocket needs the subprotocol mqtt", request=request)
@@ -586,7 +586,7 @@ class Connection(Session, asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         engine = self.engine
-        mqtt = MqttConnection(engine, self.listener, "wss-mqtt" if self.tls else "ws-mqtt")
+        mqtt = mqtt_connection(engine, self.listener, "wss-mqtt" if self.tls else "ws-mqtt")
         rest, self.inbuf = self.inbuf, b""
         # this object leaves quietly: no disconnect is logged for it, its timer and registration go
         self.state = _CLOSED

@@ -48,12 +48,14 @@ from migratory.websocket import (
     build_frame,
 )
 
-__all__ = ["MqttConnection"]
+__all__ = ["MqttConnection", "mqtt_connection"]
 
 _CONNECTING = 0
 _CONNECTED = 1
 _CLOSING = 2
 _CLOSED = 3
+
+_NO_LIMITS = (65535, 0)
 
 TOPIC_ALIAS_MAXIMUM = 32
 """Topic aliases a version 5 client may set on this server (each costs one dict entry)."""
@@ -74,15 +76,31 @@ _STATUS_CODES = {
 
 
 class _SubOptions:
-    """What a subscription asked for: granted QoS, its subscription identifier, retain-as-published."""
+    """What a subscription asked for: granted QoS, its subscription identifier, retain-as-published.
+
+    Shared: every client subscribed the same way to the same filter holds the same object
+    (:meth:`of`), so a million subscribers of one topic cost one.
+    """
 
     __slots__ = ("filter", "qos", "rap", "sub_id")
+
+    _shared: dict[tuple[str, int, int, bool], _SubOptions] = {}
 
     def __init__(self, filt: Filter, qos: int, sub_id: int, rap: bool) -> None:
         self.filter = filt
         self.qos = qos
         self.sub_id = sub_id
         self.rap = rap
+
+    @classmethod
+    def of(cls, filt: Filter, qos: int, sub_id: int, rap: bool) -> _SubOptions:
+        key = (filt.key, qos, sub_id, rap)
+        found = cls._shared.get(key)
+        if found is None:
+            if len(cls._shared) > 100_000:  # bounded: distinct filters beyond it are simply not shared
+                return cls(filt, qos, sub_id, rap)
+            found = cls._shared[key] = cls(filt, qos, sub_id, rap)
+        return found
 
 
 class _Flow:
@@ -113,7 +131,6 @@ class MqttConnection(asyncio.Protocol):
         "bytes_in",
         "bytes_out",
         "client_id",
-        "deadline",
         "engine",
         "flow",
         "keep_alive",
@@ -130,7 +147,6 @@ class MqttConnection(asyncio.Protocol):
         "port",
         "reader",
         "reason",
-        "scheme",
         "sid",
         "started",
         "state",
@@ -144,10 +160,11 @@ class MqttConnection(asyncio.Protocol):
 
     version = 2  # the engine sends NOTIFY_DATA_RESYNC and its snapshot: the snapshot becomes a retained PUBLISH
 
-    def __init__(self, engine: Engine, listener: str, scheme: str) -> None:
+    scheme = "mqtt"  # "mqtt", "mqtts", "ws-mqtt" or "wss-mqtt": a class each (no slot per connection)
+
+    def __init__(self, engine: Engine, listener: str) -> None:
         self.engine = engine
         self.listener = listener
-        self.scheme = scheme  # "mqtt", "mqtts", "ws-mqtt" or "wss-mqtt"
         self.transport: asyncio.Transport | None = None
         self.state = _CONNECTING
         self.reader: m.PacketReader | None = None
@@ -155,8 +172,9 @@ class MqttConnection(asyncio.Protocol):
         self.level = 4
         self.client_id = ""
         self.keep_alive = 0
-        self.limits: tuple[int, int] = (65535, 0)  # the client's receive maximum and maximum packet size (0: none)
-        self.options: dict[str, _SubOptions] | None = None
+        self.limits = _NO_LIMITS  # the client's receive maximum and maximum packet size (0: none)
+        # its subscriptions' options: one (most clients subscribe once: no dict), or key -> options
+        self.options: _SubOptions | dict[str, _SubOptions] | None = None
         self.flow: _Flow | None = None
         self.will: m.Will | None = None
         self.token = ""
@@ -168,7 +186,7 @@ class MqttConnection(asyncio.Protocol):
         self.addr = ""
         self.port = 0
         self.reason = ""
-        self.started = self.last_rx = self.deadline = 0.0
+        self.started = self.last_rx = 0.0
         self.msgs_in = self.msgs_out = self.bytes_in = self.bytes_out = 0
         self.wheel_at = 0
 
@@ -234,9 +252,8 @@ class MqttConnection(asyncio.Protocol):
     def _start(self, now: float) -> None:
         engine = self.engine
         self.started = self.last_rx = now
-        self.deadline = now + engine.config.handshake_timeout / 1000.0
         engine.register(cast(Client, self))
-        engine.schedule(cast(Client, self), self.deadline)
+        engine.schedule(cast(Client, self), self._deadline())
 
     def connection_lost(self, exc: Exception | None) -> None:
         previous = self.state
@@ -408,11 +425,10 @@ class MqttConnection(asyncio.Protocol):
             self.will = packet.will
         receive_max = int(cast(int, packet.props.get(m.P_RECEIVE_MAX, 65535)))
         max_packet = int(cast(int, packet.props.get(m.P_MAX_PACKET, 0)))
-        self.limits = (receive_max, max_packet)
+        self.limits = (receive_max, max_packet) if (receive_max, max_packet) != _NO_LIMITS else _NO_LIMITS
         self.keep_alive = packet.keep_alive
-        self.client_id = sys.intern(client_id)
+        self.client_id = client_id  # not interned: the interpreter's table would cost more than it saves
         self.state = _CONNECTED
-        self.deadline = 0.0
         expiry = int(cast(int, packet.props.get(m.P_SESSION_EXPIRY, 0))) if packet.level == 5 else 0
         if packet.level == 4 and not packet.clean:
             expiry = 0xFFFFFFFF
@@ -479,7 +495,7 @@ class MqttConnection(asyncio.Protocol):
         flow = self.flow
         if flow is None or not flow.since or not flow.expiry:
             return None
-        subs = [(_filter_text(o.filter), o.qos, o.sub_id, o.rap) for o in (self.options or {}).values()]
+        subs = [(_filter_text(o.filter), o.qos, o.sub_id, o.rap) for o in self._all_options().values()]
         return Record(self.owner, flow.since, not closed, flow.expiry, time.time(), subs, dict(flow.positions))
 
     def _resume(self, record: Record) -> None:
@@ -500,10 +516,8 @@ class MqttConnection(asyncio.Protocol):
                 status, filt = self._subscribe_pattern(filt, False)
             if status != p.Status.OK:
                 continue
-            options = _SubOptions(filt, qos, sub_id, rap)
-            if self.options is None:
-                self.options = {}
-            self.options[filt.key] = options
+            options = _SubOptions.of(filt, qos, sub_id, rap)
+            self._set_options(filt.key, options)
             if qos:
                 resumed.append(options)
         replica = engine.replica
@@ -568,8 +582,8 @@ class MqttConnection(asyncio.Protocol):
                     codes.append(m.Rc.TOPIC_FILTER_INVALID)
                     continue
                 found = self.engine.unsubscribe(cast(Client, self), key)
-                if found and self.options is not None:
-                    self.options.pop(key, None)
+                if found:
+                    self._drop_options(key)
                     if self.flow is not None and self.flow.expiry:
                         SessionStore.of(self.engine).mark(self)
                 codes.append(m.Rc.SUCCESS if found else m.Rc.NO_SUBSCRIPTION_EXISTED)
@@ -731,7 +745,7 @@ class MqttConnection(asyncio.Protocol):
                 codes.append(m.Rc.SHARED_NOT_SUPPORTED if shared and self.level == 5 else m.Rc.TOPIC_FILTER_INVALID)
                 continue
             decided = decisions[i] if decisions is not None else False
-            new = self.options is None or filt.key not in self.options
+            new = filt.key not in self._all_options()
             if filt.subject is not None:
                 status, _ = engine.subscribe(conn, filt.subject, conflation, decided)
                 subjects = [filt.subject]
@@ -750,10 +764,8 @@ class MqttConnection(asyncio.Protocol):
                 )
                 continue
             granted = min(sub.qos, 1)  # QoS 2 subscriptions are granted QoS 1 (docs/mqtt.md)
-            options = _SubOptions(filt, granted, sub_id, sub.retain_as_published)
-            if self.options is None:
-                self.options = {}
-            self.options[filt.key] = options
+            options = _SubOptions.of(filt, granted, sub_id, sub.retain_as_published)
+            self._set_options(filt.key, options)
             codes.append(granted)
             if sub.retain_handling == 0 or (sub.retain_handling == 1 and new):
                 retained.append((options, subjects))
@@ -763,7 +775,7 @@ class MqttConnection(asyncio.Protocol):
         flow = self.flow
         if flow is not None and flow.expiry:  # what a stored session will recover from: now
             replica = engine.replica
-            for key, options in (self.options or {}).items():
+            for key, options in self._all_options().items():
                 if options.qos and options.filter.subject is not None:
                     flow.positions.setdefault(options.filter.subject, replica.position(options.filter.subject))
                 elif options.qos and options.filter.pattern is not None and key[0] == "\x00":
@@ -848,9 +860,36 @@ class MqttConnection(asyncio.Protocol):
             flow.inflight[flow.next_id] = (_dup(packet), subject, epoch, seq)
         self._queue(packet)
 
+    def _all_options(self) -> dict[str, _SubOptions]:
+        options = self.options
+        if options is None:
+            return {}
+        return {options.filter.key: options} if isinstance(options, _SubOptions) else options
+
+    def _set_options(self, key: str, options: _SubOptions) -> None:
+        current = self.options
+        if current is None or (isinstance(current, _SubOptions) and current.filter.key == key):
+            self.options = options
+        else:
+            table = self._all_options()
+            table[key] = options
+            self.options = table
+
+    def _drop_options(self, key: str) -> None:
+        table = self._all_options()
+        table.pop(key, None)
+        self.options = None if not table else next(iter(table.values())) if len(table) == 1 else table
+
     def _options_for(self, subject: str) -> _SubOptions | None:
         options = self.options
-        if not options:
+        if options is None:
+            return None
+        if isinstance(options, _SubOptions):
+            pattern = options.filter.pattern
+            if options.filter.subject == subject or (
+                pattern is not None and pattern_matches(pattern, subject[1:].split("/"))
+            ):
+                return options
             return None
         found = options.get(subject)
         if found is not None:
@@ -992,13 +1031,13 @@ class MqttConnection(asyncio.Protocol):
     def on_timer(self, now: float) -> None:
         engine = self.engine
         if self.state == _CONNECTING:
-            if now >= self.deadline:
+            if now >= self._deadline():
                 engine.deny(
                     self.origin(), "connect", "handshake_timeout", "CONNECT not received within HandshakeTimeout"
                 )
                 self.abort("handshake_timeout")
             else:
-                engine.schedule(cast(Client, self), self.deadline)
+                engine.schedule(cast(Client, self), self._deadline())
             return
         if self.state != _CONNECTED:
             return
@@ -1027,10 +1066,42 @@ class MqttConnection(asyncio.Protocol):
             limit = min(limit, now + max(1.0, expiry - time.time()))
         engine.schedule(cast(Client, self), limit)
 
+    def _deadline(self) -> float:
+        """When a connection that sent no CONNECT is closed (HandshakeTimeout after it opened)."""
+        return self.started + self.engine.config.handshake_timeout / 1000.0
+
     def _schedule_keepalive(self, now: float) -> None:
         expiry = self.engine.entitlement.expires_at(self.token) if self.token else None
         if self.keep_alive or expiry:
             self.engine.schedule(cast(Client, self), now + (1.5 * self.keep_alive if self.keep_alive else 1.0))
+
+
+class _MqttTls(MqttConnection):
+    __slots__ = ()
+    scheme = "mqtts"
+
+
+class _MqttWebSocket(MqttConnection):
+    __slots__ = ()
+    scheme = "ws-mqtt"
+
+
+class _MqttSecureWebSocket(MqttConnection):
+    __slots__ = ()
+    scheme = "wss-mqtt"
+
+
+_CLASSES: dict[str, type[MqttConnection]] = {
+    "mqtt": MqttConnection,
+    "mqtts": _MqttTls,
+    "ws-mqtt": _MqttWebSocket,
+    "wss-mqtt": _MqttSecureWebSocket,
+}
+
+
+def mqtt_connection(engine: Engine, listener: str, scheme: str) -> MqttConnection:
+    """A new MQTT connection of ``scheme`` (mqtt, mqtts, ws-mqtt, wss-mqtt) on ``listener``."""
+    return _CLASSES[scheme](engine, listener)
 
 
 def _ignore(result: PublishResult) -> None:
