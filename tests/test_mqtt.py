@@ -330,3 +330,51 @@ def test_mqtt_over_tls(
     subscribe(client, "secure/t", 1)
     client.publish("secure/t", b"over tls", qos=1).wait_for_publish(5)
     assert [m.payload for m in got.wait(1)] == [b"over tls"]
+
+
+def _raw_connect(port: int, client_id: str) -> Any:
+    """A bare MQTT 3.1.1 connection (clean session 0) that acknowledges nothing unless told."""
+    import socket
+    import struct
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    raw = client_id.encode()
+    body = b"\x00\x04MQTT\x04\x00\x00\x3c" + struct.pack("!H", len(raw)) + raw
+    sock.sendall(bytes((0x10, len(body))) + body)
+    return sock
+
+
+def _read_packet(sock: Any) -> tuple[int, bytes]:
+    first = sock.recv(1)
+    length = shift = 0
+    while True:
+        b = sock.recv(1)[0]
+        length |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            break
+    body = b""
+    while len(body) < length:
+        body += sock.recv(length - len(body))
+    return first[0], body
+
+
+def test_unacknowledged_qos1_messages_move_to_the_connection_that_takes_the_session_over(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """On a single node (no cache to recover from) a takeover resends what the old connection never acknowledged."""
+    _, port = mqtt_server()
+    first = _raw_connect(port, "no-acks")
+    assert _read_packet(first) == (0x20, b"\x00\x00")
+    first.sendall(b"\x82\x08\x00\x01\x00\x03u/v\x01")  # SUBSCRIBE u/v QoS 1
+    assert _read_packet(first) == (0x90, b"\x00\x01\x01")
+    pub = connect(clients, port, "acker", V311)
+    pub.publish("u/v", b"keep me", qos=1).wait_for_publish(5)
+    kind, body = _read_packet(first)
+    assert kind == 0x32 and body.endswith(b"keep me")  # QoS 1, no DUP; never acknowledged
+    second = _raw_connect(port, "no-acks")
+    assert _read_packet(second) == (0x20, b"\x01\x00")  # session present
+    kind, again = _read_packet(second)
+    assert kind == 0x3A and again == body  # the same packet id and payload, now with DUP
+    first.close()
+    second.close()

@@ -435,11 +435,17 @@ class MqttConnection(asyncio.Protocol):
         expiry = min(expiry, engine.config.mqtt_session_expiry)
         store = SessionStore.of(engine)
         record = None
+        unacked: dict[int, tuple[bytes, str, int, int]] = {}
         if packet.clean:
             store.forget(client_id)
         else:
             local = store.live.get(client_id)  # taken over on this worker: its state is newer than its record
             record = local.record() if local is not None else None
+            if isinstance(local, MqttConnection) and local.flow is not None and not engine.replica.cache_size:
+                # no cache to recover from (a single node, a Standard cluster): its unacknowledged QoS 1
+                # messages move to this connection, to be sent again with DUP set
+                unacked = dict(local.flow.inflight)
+                unacked.update((q[0], (_dup(q[1]), q[2], q[3], q[4])) for q in local.flow.queue)
             record = record or store.load(client_id)
             if record is not None and record.expired(time.time()):
                 record = None
@@ -468,6 +474,9 @@ class MqttConnection(asyncio.Protocol):
             flow.since = time.time()
             if record is not None:
                 self._resume(record)
+                for packet_id, sent in unacked.items():
+                    flow.inflight[packet_id] = sent
+                    self._queue(sent[0])
             store.claim(self)
         else:
             store.register(self)
