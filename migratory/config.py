@@ -791,6 +791,8 @@ class Config:
             ("MonitorHTTP.ListenEncrypted", self.monitor_listen_encrypted),
         ):
             for endpoint in endpoints:
+                if not endpoint.port:
+                    continue  # port 0: the kernel picks one for each
                 where = (endpoint.host, endpoint.port)
                 if where in seen and seen[where] != name:
                     out.append(f"{name}: {endpoint} is also a {seen[where]} listener")

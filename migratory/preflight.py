@@ -381,7 +381,8 @@ class _Checker:
     def tls(self) -> None:
         config = self.config
         monitor_tls: tuple[Endpoint, ...] = getattr(config, "monitor_listen_encrypted", ())
-        if not (config.listen_encrypted or monitor_tls) or not (config.tls_certificate and config.tls_key):
+        mqtt_tls: tuple[Endpoint, ...] = getattr(config, "listen_mqtt_encrypted", ())
+        if not (config.listen_encrypted or monitor_tls or mqtt_tls) or not (config.tls_certificate and config.tls_key):
             return  # not used, or missing (a cross-key problem already says so)
         if not self.pair("TLSCertificate", config.tls_certificate, "TLSKey", config.tls_key):
             return
@@ -510,7 +511,8 @@ class _Checker:
 
     def exposure(self) -> None:
         config = self.config
-        public = [(k, e) for k, e in self.endpoints() if k in ("Listen", "ListenEncrypted") and not _loopback(e.host)]
+        clients = ("Listen", "ListenEncrypted", "ListenMqtt", "ListenMqttEncrypted")
+        public = [(k, e) for k, e in self.endpoints() if k in clients and not _loopback(e.host)]
         networks = [ipaddress.ip_network(n, strict=False) for n in config.publish_allow_from]
         anyone = not networks or any(n.prefixlen == 0 for n in networks)
         if config.entitlement == "None" and anyone and public:
@@ -550,6 +552,8 @@ def listeners(config: Config) -> list[tuple[str, Endpoint]]:
     monitor_tls: tuple[Endpoint, ...] = getattr(config, "monitor_listen_encrypted", ())
     found = [("Listen", e) for e in config.listen]
     found += [("ListenEncrypted", e) for e in config.listen_encrypted]
+    found += [("ListenMqtt", e) for e in getattr(config, "listen_mqtt", ())]
+    found += [("ListenMqttEncrypted", e) for e in getattr(config, "listen_mqtt_encrypted", ())]
     found += [("MonitorHTTP.Listen", e) for e in config.monitor_listen]
     found += [("MonitorHTTP.ListenEncrypted", e) for e in monitor_tls]
     if config.cluster_member_listen is not None:

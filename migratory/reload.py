@@ -26,6 +26,7 @@ LIVE = frozenset(
         "LogLevel",
         "MaxPendingOutput",
         "SlowConsumerPolicy",
+        "MqttSessionExpiry",
         "TLSCertificate",
         "TLSKey",
         "TLSKeyPassword",

@@ -122,3 +122,10 @@ def test_config_parser_raises_only_config_errors(text: str) -> None:
         Config.from_text(text, "fuzz.conf")
     except ConfigError as exc:
         assert all(line.startswith("fuzz.conf:") for line in exc.errors)
+
+
+def test_two_listener_keys_on_one_address_and_port_are_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        Config.from_text("Listen = 127.0.0.1:8800\nListenMqtt = 127.0.0.1:8800\n", "c.conf")
+    assert info.value.errors == ["c.conf:2: ListenMqtt: 127.0.0.1:8800 is also a Listen listener"]
+    Config.from_text("Listen = 127.0.0.1:8800\nListenMqtt = 127.0.0.1:1883\n", "c.conf")  # distinct ports: fine

@@ -33,6 +33,8 @@ def _listeners(config: Config) -> str:
     groups = [
         ("ws/http", config.listen),
         ("wss/https", config.listen_encrypted),
+        ("mqtt", config.listen_mqtt),
+        ("mqtts", config.listen_mqtt_encrypted),
         ("monitor", config.monitor_listen),
         ("monitor https", monitor_tls),
         ("cluster", (config.cluster_member_listen,) if config.cluster_member_listen else ()),
