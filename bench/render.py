@@ -52,6 +52,24 @@ def fanout(name: str) -> str:
     )
 
 
+def mqtt_idle() -> str:
+    """The MQTT comparison's idle table: RSS and PSS per connection (bench/run_mqtt.sh)."""
+    rows = []
+    for r in _load("mqtt-a-idle-16k.json"):
+        rss = (r["server_rss_mb_connected"] - r["server_rss_mb_before"]) * 2**20 / max(r["connected"], 1)
+        rows.append(
+            [
+                r["target"],
+                f"{r['connected']:,}",
+                f"{rss:,.0f} B",
+                f"{r['server_pss_bytes_per_connection']:,.0f} B",
+                f"{r['connect_rate']:,.0f}",
+            ]
+        )
+    headers = ["server", "connections", "RSS per idle connection", "PSS per idle connection", "connect rate (conn/s)"]
+    return _table(headers, rows)
+
+
 def single(name: str) -> str:
     (r,) = _load(name)
     keys = [
@@ -134,6 +152,15 @@ def million() -> str:
 if __name__ == "__main__":
     if sys.argv[1:] == ["million"]:
         sys.stdout.write(million() + "\n")
+        raise SystemExit(0)
+    if sys.argv[1:] == ["mqtt"]:
+        for title, text in [
+            ("(a) idle", mqtt_idle()),
+            ("(b) saturation", fanout("mqtt-b-fanout-16k-saturation.json")),
+            ("(b) 2 msg/s", fanout("mqtt-b-fanout-16k-2hz.json")),
+            ("(c) the seeds' workload", fanout("mqtt-c-seed-16k.json")),
+        ]:
+            sys.stdout.write(f"### {title}\n\n{text}\n\n")
         raise SystemExit(0)
     for title, text in [
         ("(a) idle", idle()),
