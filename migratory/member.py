@@ -173,6 +173,9 @@ class Member:
         self._unacked: dict[str, deque[_Unacked]] = {}
         self._unacked_ids: dict[str, tuple[str, int, int]] = {}  # publish id -> (subject, epoch, seq), in flight
         self._handover: dict[int, list[Published]] = {}  # group -> unconfirmed when fenced, until a claimant asks
+        # Guaranteed, non-coordinator: applied and acknowledged here, not yet confirmed by the coordinator (held by a
+        # second member of the table): kept from the workers, so that no subscriber sees what the cluster can still lose
+        self._unconfirmed: dict[str, deque[Published]] = {}
         self._expect_admission = True  # the next table that adds us is the one we wait for (not a missed exclusion)
         self._join: tuple[int, int] | None = None  # (request, peer) of the full sync in progress
         self._held: list[tuple[int, BusFrame]] = []  # live frames that arrived while joining
@@ -320,7 +323,14 @@ class Member:
             return
         fence = tuple((g, self.epochs[g]) for g in groups)
         self.wire.to_peer(member, SyncRequest(self._request(), fence, reply=False))
-        self._send_state(lambda f: self.wire.to_peer(member, f), self._subjects_of(groups))
+        subjects = self._subjects_of(groups)
+        self._send_state(lambda f: self.wire.to_peer(member, f), subjects)
+        if self.s.guaranteed:
+            for subject in subjects:
+                unacked = self._unacked.get(subject)
+                seq = unacked[0].seq - 1 if unacked else self.replica.position(subject)[1]
+                if seq:
+                    self._confirm(subject, self.epochs[group_of(subject)], seq, (member,))
 
     def peer_down(self, member: int, now: float) -> None:
         self._awake(now)
@@ -375,7 +385,10 @@ class Member:
             else:
                 self._replicated(member, frame, now)
         elif isinstance(frame, Ack):
-            self._acked(member, frame)
+            if not self.ready and self._is_confirmation(member, frame):
+                self._held.append((member, frame))  # after the Published frames it confirms, as it was sent
+            else:
+                self._acked(member, frame)
         elif isinstance(frame, Forward):
             pending = _Pending(("peer", member, frame.request), frame, now + self.s.publish_timeout)
             self._route(pending, now)
@@ -437,7 +450,12 @@ class Member:
         outcome = self.replica.apply(frame.subject, frame.entry(), now)
         if outcome is not Applied.DUPLICATE:
             self.counters["replicated_in"] += 1
-            self.wire.to_workers(frame)
+            if self.s.guaranteed:
+                # not for our subscribers yet: if the coordinator and we die now, nobody else may have it, and
+                # the next coordinator would number other messages under this seq (bench failover round 122)
+                self._unconfirmed.setdefault(frame.subject, deque()).append(frame)
+            else:
+                self.wire.to_workers(frame)
         elif self.s.guaranteed and self.replica.epoch_of(frame.subject, frame.seq) not in (None, frame.epoch):
             # we hold another message under this number: never confirm a copy we do not have; start over
             self.counters["conflicts"] += 1
@@ -447,7 +465,15 @@ class Member:
         if self.s.guaranteed:
             self.wire.to_peer(member, Ack(frame.subject, frame.epoch, frame.seq))
 
+    def _is_confirmation(self, member: int, ack: Ack) -> bool:
+        """An Ack from the member that issued its epoch: that coordinator's word that a second member holds
+        the subject's messages up to ``ack.seq`` (acknowledgements to a coordinator carry its own epoch)."""
+        return self.s.guaranteed and member != self.me and owner_of(ack.epoch, self.n) == member
+
     def _acked(self, member: int, ack: Ack) -> None:
+        if self._is_confirmation(member, ack):
+            self._expose(ack.subject, ack.epoch, ack.seq)
+            return
         self.counters["acks_in"] += 1
         if member not in self.table.members:
             return  # only a member of the table counts as the second copy
@@ -455,10 +481,35 @@ class Member:
         group = group_of(ack.subject)
         if not queue or ack.epoch != self.epochs[group]:
             return
+        released = 0
         while queue and queue[0].seq <= ack.seq and queue[0].frame.epoch == ack.epoch:
-            self._release(queue.popleft())
+            item = queue.popleft()
+            self._release(item)
+            released = item.seq
         if not queue:
             del self._unacked[ack.subject]
+        if released:
+            self._confirm(ack.subject, ack.epoch, released, self.peers)
+
+    def _confirm(self, subject: str, epoch: int, seq: int, members: Iterable[int]) -> None:
+        """Tell the other members that their copies up to ``seq`` are held by two members: they may deliver them."""
+        confirmation = Ack(subject, epoch, seq)
+        for member in members:
+            self.wire.to_peer(member, confirmation)
+
+    def _expose(self, subject: str, epoch: int, seq: int) -> None:
+        """Hand our confirmed copies up to ``(epoch, seq)`` to the workers, in order."""
+        queue = self._unconfirmed.get(subject)
+        while queue and queue[0].seq <= seq and queue[0].epoch <= epoch:
+            self.wire.to_workers(queue.popleft())
+        if not queue:
+            self._unconfirmed.pop(subject, None)
+
+    def _expose_group(self, group: int) -> None:
+        """Our state of ``group`` goes into a new coordinator's merge: what we held back is history now."""
+        for subject in [s for s in self._unconfirmed if group_of(s) == group]:
+            for frame in self._unconfirmed.pop(subject):
+                self.wire.to_workers(frame)
 
     def _release(self, item: _Unacked) -> None:
         self._unacked_ids.pop(item.frame.publish_id, None)
@@ -514,6 +565,7 @@ class Member:
             # part of the group's history, so our subscribers get it too
             for frame in self._handover.pop(group, ()):
                 self.wire.to_workers(frame)
+            self._expose_group(group)
         self.counters["syncs_served"] += 1
         subjects = self.replica.subjects() if request.everything else self._subjects_of(g for g, _ in request.fence)
         self._send_state(lambda f: self.wire.to_peer(member, f), subjects)
@@ -579,6 +631,7 @@ class Member:
         for group, epoch in groups.items():
             self._fence(group, epoch, now)
             self.epochs[group] = epoch
+            self._expose_group(group)  # our own state is part of the merge
         self.counters["claims"] += 1
         claim = _Claim(self._request(), dict(groups), set(members) - {self.me}, now + self.s.heartbeat_timeout)
         self._claims[claim.request] = claim
@@ -686,6 +739,7 @@ class Member:
         self.replica = self._new_replica()
         self._unacked_ids.clear()
         self._handover.clear()
+        self._unconfirmed.clear()
         self._expect_admission = True  # the leader will take us back in once we are ready again
         for subject in list(self._unacked):
             for item in self._unacked.pop(subject):
@@ -704,6 +758,8 @@ class Member:
         for member, frame in held:
             if member in self.peers and isinstance(frame, Published):
                 self._replicated(member, frame, now)
+            elif member in self.peers and isinstance(frame, Ack):
+                self._acked(member, frame)
         for member in self.peers:
             self._beat(member, now)
         if self.s.guaranteed:
