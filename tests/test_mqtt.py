@@ -378,3 +378,88 @@ def test_unacknowledged_qos1_messages_move_to_the_connection_that_takes_the_sess
     assert kind == 0x3A and again == body  # the same packet id and payload, now with DUP
     first.close()
     second.close()
+
+
+def test_conflation_is_asked_for_with_a_user_property(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    _, port = mqtt_server()
+    conflated, plain = Received(), Received()
+    slow = connect(clients, port, "conflated", V5, received=conflated)
+    props = Properties(PacketTypes.SUBSCRIBE)
+    props.UserProperty = [("conflation", "1000")]
+    assert [c.value for c in subscribe(slow, "ticks/eurusd", 1, props)] == [1]
+    fast = connect(clients, port, "plain", V5, received=plain)
+    subscribe(fast, "ticks/eurusd", 1)
+    pub = connect(clients, port, "ticker", V5)
+    for n in range(20):
+        pub.publish("ticks/eurusd", str(n).encode(), qos=1).wait_for_publish(5)
+    assert [m.payload for m in plain.wait(20)] == [str(n).encode() for n in range(20)]
+    time.sleep(2.2)  # two conflation periods
+    got = conflated.payloads()
+    assert 1 <= len(got) <= 3 and got[-1] == b"19", got  # one aggregate per second, the latest value last
+
+
+def test_mosquitto_clients_will_session_resumption_and_refusals(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]],
+) -> None:
+    if MOSQUITTO_SUB is None or MOSQUITTO_PUB is None:
+        pytest.skip("Debian's mosquitto-clients is not installed (.ci/deps.sh installs it)")
+    _, port = mqtt_server({"Entitlement": "JWT", "EntitlementJwtSecret": SECRET})
+    token = jwt.encode({"permissions": {"sub": ["/open/**"], "pub": ["/open/**"]}}, SECRET, algorithm="HS256")
+    common = ["-h", "127.0.0.1", "-p", str(port), "-V", "mqttv5", "-u", "user", "-P", token]
+
+    def pub(topic: str, message: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [MOSQUITTO_PUB, *common, "-t", topic, "-m", message, "-q", "1"], capture_output=True, text=True, timeout=10
+        )
+
+    # session resumption: a persistent subscriber (-c) leaves, misses two messages, comes back for them
+    subscribe_only = [MOSQUITTO_SUB, *common, "-c", "-i", "resumer", "-q", "1", "-t", "open/resume", "-E"]
+    assert subprocess.run(subscribe_only, timeout=10).returncode == 0
+    for message in ("while away 1", "while away 2"):
+        sent = subprocess.run([MOSQUITTO_PUB, *common, "-t", "open/resume", "-m", message, "-q", "1", "-r"], timeout=10)
+        assert sent.returncode == 0
+    back = subprocess.run(
+        [MOSQUITTO_SUB, *common, "-c", "-i", "resumer", "-q", "1", "-t", "open/resume", "-C", "1", "-W", "10"],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
+    # a single node keeps no cache (docs/mqtt.md, "Sessions"): the session comes back with its
+    # subscription and the subject's current (retained) value, once
+    assert back.returncode == 0 and back.stdout.splitlines() == ["while away 2"], back.stdout + back.stderr
+    # the last will of a mosquitto_sub killed without DISCONNECT
+    watcher = subprocess.Popen(
+        [MOSQUITTO_SUB, *common, "-t", "open/status", "-q", "1", "-C", "1", "-W", "15"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)
+    doomed = subprocess.Popen(
+        [
+            MOSQUITTO_SUB,
+            *common,
+            "-t",
+            "open/x",
+            "--will-topic",
+            "open/status",
+            "--will-payload",
+            "gone",
+            "--will-qos",
+            "1",
+        ]
+    )
+    time.sleep(0.5)
+    doomed.kill()
+    doomed.wait()
+    out, _ = watcher.communicate(timeout=20)
+    assert out.splitlines() == ["gone"]
+    # entitlement refusals: a publication and a subscription outside the token's permissions
+    refused = pub("closed/x", "no")
+    assert "Publish 1 failed: Not authorized" in refused.stderr, refused  # the PUBACK's reason code
+    assert "the token does not allow to publish on /closed/x" in refused.stderr  # and its reason string
+    denied = subprocess.run(
+        [MOSQUITTO_SUB, *common, "-t", "closed/x", "-E"], capture_output=True, text=True, timeout=10
+    )
+    assert "not authorized" in (denied.stdout + denied.stderr).lower() or "denied" in denied.stderr.lower(), denied
