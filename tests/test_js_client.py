@@ -128,3 +128,36 @@ def test_npm_pack_gives_the_package_the_docs_install(tmp_path: Path) -> None:
     used = subprocess.run([NODE, "use.mjs"], cwd=app, capture_output=True, text=True, timeout=60)
     assert used.returncode == 0 and used.stdout.strip() == "function true", used.stdout + used.stderr
     assert (app / "node_modules" / "@migratory" / "client" / "migratory.d.ts").exists()
+
+
+def test_an_mqtt_publication_reaches_the_javascript_client(server_factory: Callable[..., ServerProcess]) -> None:
+    """MQTT is a session protocol beside the native one: an MQTT 5 publication (paho), its user properties as
+    fields, reaches the JavaScript client (docs/mqtt.md)."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    server = server_factory({"ListenMqtt": f"127.0.0.1:{port}"})
+    assert NODE is not None
+    js = subprocess.Popen(
+        [NODE, "--experimental-websocket", "scenario.mjs", server.ws_url, "1", "/from/mqtt"],
+        cwd=JS,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert js.stdout is not None
+    assert json.loads(js.stdout.readline()) == {"ready": True}
+    publisher = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="to-js", protocol=mqtt.MQTTv5)
+    publisher.connect("127.0.0.1", port)
+    publisher.loop_start()
+    props = Properties(PacketTypes.PUBLISH)
+    props.UserProperty = [("price", "10.5")]
+    publisher.publish("from/mqtt", b"hello js", qos=1, properties=props).wait_for_publish(10)
+    publisher.loop_stop()
+    out, _ = js.communicate(timeout=30)
+    message = json.loads(out.splitlines()[0])
+    assert (message["subject"], message["content"], message["fields"]) == ("/from/mqtt", "hello js", {"price": "10.5"})
