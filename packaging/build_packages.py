@@ -71,8 +71,10 @@ PACKAGED_REQUIRED = {"PublishAllowFromAddressList": "127.0.0.1, ::1"}
 CONF_HEADER = """\
 # Installed by the migratorydata package as /etc/migratorydata/migratorydata.conf.
 # Edit it, check it with `migratory config check /etc/migratorydata/migratorydata.conf`,
-# then `systemctl restart migratorydata` (`systemctl reload` re-reads the TLS certificate
-# only). Your edits are kept on upgrade. Set here: Listen (every interface, port 8800), ListenMqtt (MQTT, port 1883),
+# then `systemctl reload migratorydata` for the keys it marks `reload` (tokens, JWT keys, the
+# publish address list, log level, slow-consumer limits, certificates: nobody is disconnected),
+# `systemctl restart migratorydata` for the others. Your edits are kept on upgrade. Set
+# here: Listen (every interface, port 8800), ListenMqtt (MQTT, every interface, port 1883),
 # LogFolder and StateFolder (owned by the migratorydata user), MonitorHTTP.Listen (this
 # machine only) and PublishAllowFromAddressList (publishing from this machine only, until
 # you open it: see that key's comment).
@@ -290,7 +292,7 @@ def stage_files(build: Build) -> None:
         "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n"
         "Upstream-Name: migratorydata-py\n\nFiles: *\nCopyright: the migratorydata-py authors\nLicense: Proprietary\n"
     )
-    for name in ("operations.md", "configuration.md", "security.md"):
+    for name in ("operations.md", "configuration.md", "security.md", "cluster.md", "clients.md", "logs.md", "mqtt.md"):
         if (REPO / "docs" / name).exists():
             shutil.copy2(REPO / "docs" / name, doc / name)
     changelog = f"{NAME} ({build.version}) stable; urgency=medium\n\n  * Release {build.version}.\n\n"
