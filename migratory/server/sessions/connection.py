@@ -26,6 +26,7 @@ from migratory import protocol as p
 from migratory.http import HttpError, Request, json_response, parse_request_head
 from migratory.server.engine.core import Engine, Origin
 from migratory.server.sessions.native import Session
+from migratory.server.sessions.output import QueuedOutput
 from migratory.websocket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -70,19 +71,13 @@ class Connection(Session, asyncio.Protocol):
     __slots__ = (
         "addr",
         "bytes_in",
-        "bytes_out",
         "connected",
         "deadline",
-        "engine",
         "inbuf",
         "last_rx",
         "listener",
         "msgs_in",
-        "msgs_out",
         "parser",
-        "paused",
-        "pending",
-        "pending_bytes",
         "ping_sent",
         "port",
         "reason",
@@ -91,7 +86,6 @@ class Connection(Session, asyncio.Protocol):
         "sid",
         "started",
         "state",
-        "transport",
         "wheel_at",
     )
 
@@ -208,23 +202,6 @@ class Connection(Session, asyncio.Protocol):
                 bytes_out=self.bytes_out,
             )
 
-    def pause_writing(self) -> None:
-        """The peer does not read what we write: stop reading it too (what it sends may ask for more output).
-
-        The worker's own transports do this themselves; asyncio's (``LeanTransport = false``) does not.
-        """
-        self.paused = True
-        if self.transport is not None:
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        engine = self.engine
-        if self.transport is not None and not (engine.held and self in engine.held):
-            self.transport.resume_reading()
-        if self.pending is not None:
-            self.flush()
-
     def data_received(self, data: bytes) -> None:
         self.last_rx = self.engine.loop.time()
         self.bytes_in += len(data)
@@ -244,49 +221,14 @@ class Connection(Session, asyncio.Protocol):
 
     # --- output -----------------------------------------------------------------------
 
-    def send(self, data: bytes) -> None:
-        """Queue bytes for the next flush; the engine decides when that happens."""
-        pending = self.pending
-        engine = self.engine
-        if pending is None:
-            if self.state >= _CLOSING:
-                return
-            self.pending = data
-            self.pending_bytes = len(data)
-            fanout = engine.fanout
-            if engine.batching_time:
-                fanout.mark_batch(self)
-            else:
-                fanout.dirty.append(self)
-                if not fanout.armed:
-                    fanout.armed = True
-                    engine.loop.call_soon(fanout.flush_dirty)
-        else:
-            if isinstance(pending, bytes):
-                self.pending = [pending, data]
-            else:
-                pending.append(data)
-            self.pending_bytes += len(data)
-            if self.pending_bytes > engine.max_pending:
-                self._slow_consumer()
-                return
-        if engine.batching_size and self.pending_bytes >= engine.batching_size:
-            self.flush()
+    send = QueuedOutput.queue_output  # the engine's fan-out calls it once per delivery: no wrapper
 
     def flush(self) -> None:
         """Write everything pending in one call (unless the kernel asked us to pause)."""
-        pending = self.pending
-        if pending is None or self.paused or self.transport is None:
-            return
-        self.pending = None
-        self.bytes_out += self.pending_bytes
-        self.pending_bytes = 0
-        if isinstance(pending, bytes):
-            self.msgs_out += 1
-            self.transport.write(pending)
-        else:
-            self.msgs_out += len(pending)
-            self.transport.write(b"".join(pending))
+        data = self.take_output()
+        if data is not None:
+            assert self.transport is not None
+            self.transport.write(data)
 
     def _slow_consumer(self) -> None:
         engine = self.engine
@@ -609,11 +551,6 @@ class Connection(Session, asyncio.Protocol):
             self.parser = None  # idle connections keep no parser (memory per connection)
         self._frames(frames)
 
-    def hold_input(self) -> None:
-        """Backpressure (Engine.publish_started): read nothing more; frames already parsed wait in the engine."""
-        if self.transport is not None:
-            self.transport.pause_reading()
-
     def release_input(self, waiting: list[Any]) -> None:
         if self.transport is None or self.state != _WS:
             return
@@ -749,15 +686,10 @@ class StreamConnection(Connection):
         super().send(_LENGTH.pack(len(data) - offset) + data[offset:])
 
     def flush(self) -> None:
-        pending = self.pending
-        if pending is None or self.paused or self.transport is None:
-            return
-        body = pending if isinstance(pending, bytes) else b"".join(pending)
-        self.pending = None
-        self.bytes_out += self.pending_bytes
-        self.pending_bytes = 0
-        self.msgs_out += 1 if isinstance(pending, bytes) else len(pending)
-        self.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        body = self.take_output()
+        if body is not None:
+            assert self.transport is not None
+            self.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
 
     def data_received(self, data: bytes) -> None:
         """Nothing may follow ``GET /stream`` on its connection (messages are POSTed)."""

@@ -29,11 +29,10 @@ from typing import Any, cast
 from migratory import mqtt as m
 from migratory import protocol as p
 from migratory.message import Message, QoS
-from migratory.protocol import encode_delivery
-from migratory.replica import RecoveryKind
 from migratory.server.engine.core import Engine, Origin, PublishResult
 from migratory.server.engine.types import Client
 from migratory.server.sessions.mqttstore import Record, SessionStore
+from migratory.server.sessions.output import QueuedOutput
 from migratory.subscriptions import SubjectSet
 from migratory.topics import Filter, TopicError, parse_filter, pattern_matches, subject_to_topic, topic_to_subject
 from migratory.websocket import (
@@ -123,15 +122,13 @@ class _Flow:
         self.positions: dict[str, tuple[int, int]] = {}  # subject -> the last QoS 1 message acknowledged
 
 
-class MqttConnection(asyncio.Protocol):
+class MqttConnection(QueuedOutput, asyncio.Protocol):
     """One MQTT client connection; ``__slots__`` keep an idle one as small as a native one."""
 
     __slots__ = (
         "addr",
         "bytes_in",
-        "bytes_out",
         "client_id",
-        "engine",
         "flow",
         "keep_alive",
         "last_rx",
@@ -139,11 +136,7 @@ class MqttConnection(asyncio.Protocol):
         "limits",
         "listener",
         "msgs_in",
-        "msgs_out",
         "options",
-        "paused",
-        "pending",
-        "pending_bytes",
         "port",
         "reader",
         "reason",
@@ -152,7 +145,6 @@ class MqttConnection(asyncio.Protocol):
         "state",
         "subscriptions",
         "token",
-        "transport",
         "wheel_at",
         "will",
         "wsparser",
@@ -286,19 +278,6 @@ class MqttConnection(asyncio.Protocol):
                 bytes_out=self.bytes_out,
             )
 
-    def pause_writing(self) -> None:
-        self.paused = True
-        if self.transport is not None:
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        engine = self.engine
-        if self.transport is not None and not (engine.held and self in engine.held):
-            self.transport.resume_reading()
-        if self.pending is not None:
-            self.flush()
-
     def eof_received(self) -> bool | None:
         self.reason = self.reason or "client_closed"
         return None
@@ -377,10 +356,6 @@ class MqttConnection(asyncio.Protocol):
                 return
 
     # --- backpressure (engine.publish_started) ------------------------------------------
-
-    def hold_input(self) -> None:
-        if self.transport is not None:
-            self.transport.pause_reading()
 
     def release_input(self, waiting: list[Any]) -> None:
         if self.transport is None or self.state != _CONNECTED:
@@ -529,7 +504,6 @@ class MqttConnection(asyncio.Protocol):
             self._set_options(filt.key, options)
             if qos:
                 resumed.append(options)
-        replica = engine.replica
         for options in resumed:
             filt = options.filter
             if filt.subject is not None:
@@ -540,26 +514,10 @@ class MqttConnection(asyncio.Protocol):
             for subject in subjects:
                 if self._options_for(subject) is not options:
                     continue  # another of its subscriptions delivers this subject
-                recovery = replica.recover(subject, *flow.positions.get(subject, (0, 0)))
-                if recovery.kind is RecoveryKind.RECOVER:
-                    for e in recovery.entries:
-                        delivery = encode_delivery(
-                            subject,
-                            e.content,
-                            e.fields,
-                            e.seq,
-                            e.epoch,
-                            retained=e.retained,
-                            guaranteed=True,
-                            recovered=True,
-                        )
-                        self._deliver(build_frame(OP_BINARY, delivery), options)
-                    engine.stats.messages_recovered += len(recovery.entries)
-                elif recovery.kind is RecoveryKind.RESYNC and recovery.snapshot is not None:
-                    engine.stats.resyncs += 1
-                    frame = engine.snapshot_frame(subject)
-                    if frame is not None:
-                        self._deliver(frame, options)
+                # the native recovery (version 2): the missed messages flagged recovered, or the snapshot; its
+                # notices have no MQTT form and are skipped by _deliver
+                for frame in engine.initial_frames(2, subject, flow.positions.get(subject, (0, 0))):
+                    self._deliver(frame, options)
 
     def taken_over(self) -> None:
         """Another connection came with this client identifier: this one ends (no will: the session lives on)."""
@@ -839,7 +797,7 @@ class MqttConnection(asyncio.Protocol):
         if snapshot and not delivery.content and not delivery.fields:
             return  # an empty retained message clears the retained message (MQTT): nothing is sent
         retain = snapshot or (options.rap and delivery.retained)
-        qos = min(options.qos, 1 if delivery.guaranteed or snapshot else 0)
+        qos = min(options.qos, 1 if delivery.guaranteed or snapshot or delivery.recovered else 0)
         level = self.level
         if level == 4 and qos == 0 and not retain:
             packet = cast(bytes, cache[4])
@@ -922,49 +880,12 @@ class MqttConnection(asyncio.Protocol):
         flow.next_id = packet_id
         return packet_id
 
-    def _queue(self, data: bytes) -> None:
-        """Queue one MQTT packet for the next flush (the engine's rules: batching, MaxPendingOutput)."""
-        pending = self.pending
-        engine = self.engine
-        if pending is None:
-            if self.state >= _CLOSING and self.transport is None:
-                return
-            self.pending = data
-            self.pending_bytes = len(data)
-            fanout = engine.fanout
-            if engine.batching_time:
-                fanout.mark_batch(cast(Client, self))
-            else:
-                fanout.dirty.append(cast(Client, self))
-                if not fanout.armed:
-                    fanout.armed = True
-                    engine.loop.call_soon(fanout.flush_dirty)
-        else:
-            if isinstance(pending, bytes):
-                self.pending = [pending, data]
-            else:
-                pending.append(data)
-            self.pending_bytes += len(data)
-            if self.pending_bytes > engine.max_pending:
-                self._slow_consumer()
-                return
-        if engine.batching_size and self.pending_bytes >= engine.batching_size:
-            self.flush()
+    _queue = QueuedOutput.queue_output  # an MQTT packet, queued like any output
 
     def flush(self) -> None:
-        pending = self.pending
-        if pending is None or self.paused or self.transport is None:
-            return
-        self.pending = None
-        self.bytes_out += self.pending_bytes
-        self.pending_bytes = 0
-        if isinstance(pending, bytes):
-            self.msgs_out += 1
-            data = pending
-        else:
-            self.msgs_out += len(pending)
-            data = b"".join(pending)
-        self._write_raw(build_frame(OP_BINARY, data) if self.websocket else data)
+        data = self.take_output()
+        if data is not None:
+            self._write_raw(build_frame(OP_BINARY, data) if self.websocket else data)
 
     def _write_raw(self, data: bytes) -> None:
         if self.transport is not None:

@@ -20,8 +20,9 @@ from typing import Any, cast
 from migratory import protocol as p
 from migratory.entitlement import Decision
 from migratory.message import Message, QoS
-from migratory.server.engine.core import Engine, Origin, PublishResult
+from migratory.server.engine.core import Origin, PublishResult
 from migratory.server.engine.types import Client
+from migratory.server.sessions.output import QueuedOutput
 from migratory.subscriptions import SubjectSet, subject_set_items
 from migratory.websocket import CLOSE_POLICY_VIOLATION, OP_BINARY, build_frame
 
@@ -32,12 +33,11 @@ def _frame(payload: bytes) -> bytes:
     return build_frame(OP_BINARY, payload)
 
 
-class Session:
+class Session(QueuedOutput):
     """The session half of a client connection: its state here, its transport in a subclass."""
 
     __slots__ = ("hello", "subscriptions", "token", "token_expiry", "version")
 
-    engine: Engine
     last_rx: float
 
     def __init__(self) -> None:
@@ -48,9 +48,6 @@ class Session:
         self.subscriptions: SubjectSet = ()
 
     # --- what a transport provides ---------------------------------------------------------
-
-    def hold_input(self) -> None:
-        """Stop reading this client (too many of its publications unanswered); a transport may not be able to."""
 
     def release_input(self, waiting: list[Any]) -> None:
         """Read this client again, first what arrived while it was held (``waiting``, as held)."""
