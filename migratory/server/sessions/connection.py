@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import sys
 import time
-from typing import Any, cast
+from typing import Any
 
 from migratory import protocol as p
 from migratory.http import HttpError, Request, json_response, parse_request_head
 from migratory.server.engine.core import Engine, Origin
+from migratory.server.sessions.base import ConnectionBase
 from migratory.server.sessions.native import Session
-from migratory.server.sessions.output import QueuedOutput
 from migratory.websocket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -69,7 +68,6 @@ class Connection(Session, asyncio.Protocol):
     """
 
     __slots__ = (
-        "addr",
         "bytes_in",
         "connected",
         "deadline",
@@ -79,11 +77,9 @@ class Connection(Session, asyncio.Protocol):
         "msgs_in",
         "parser",
         "ping_sent",
-        "port",
         "reason",
         "request",
         "scheme",
-        "sid",
         "started",
         "state",
         "wheel_at",
@@ -153,25 +149,11 @@ class Connection(Session, asyncio.Protocol):
     # --- asyncio.Protocol -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
-        peer = transport.get_extra_info("peername")
-        if isinstance(peer, tuple):
-            self.addr = sys.intern(str(peer[0]))  # one string per client address, not per connection
-            self.port = int(peer[1])
-        engine = self.engine
-        self.sid = engine.new_session()
-        now = engine.loop.time()
-        if not engine.admit(self.addr, now):
-            engine.deny(
-                self.origin(),
-                "connect",
-                "rate_limited",
-                f"more than MaxConnectionsPerSecondPerAddress ({engine.config.max_connection_rate_per_address}) "
-                f"new connections per second from {self.addr}",
-            )
+        if not self.admitted(transport):
             self.state = _CLOSING
-            self.transport.abort()
             return
+        engine = self.engine
+        now = engine.loop.time()
         self.started = self.last_rx = now
         self.deadline = now + engine.config.handshake_timeout / 1000.0
         engine.register(self)
@@ -221,7 +203,7 @@ class Connection(Session, asyncio.Protocol):
 
     # --- output -----------------------------------------------------------------------
 
-    send = QueuedOutput.queue_output  # the engine's fan-out calls it once per delivery: no wrapper
+    send = ConnectionBase.queue_output  # the engine's fan-out calls it once per delivery: no wrapper
 
     def flush(self) -> None:
         """Write everything pending in one call (unless the kernel asked us to pause)."""

@@ -21,7 +21,6 @@ sends it again with DUP set, which is MQTT's at-least-once contract.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections import deque
 from typing import Any, cast
@@ -31,8 +30,8 @@ from migratory import protocol as p
 from migratory.message import Message, QoS
 from migratory.server.engine.core import Engine, Origin, PublishResult
 from migratory.server.engine.types import Client
+from migratory.server.sessions.base import ConnectionBase
 from migratory.server.sessions.mqttstore import Record, SessionStore
-from migratory.server.sessions.output import QueuedOutput
 from migratory.subscriptions import SubjectSet
 from migratory.topics import Filter, TopicError, parse_filter, pattern_matches, subject_to_topic, topic_to_subject
 from migratory.websocket import (
@@ -122,11 +121,10 @@ class _Flow:
         self.positions: dict[str, tuple[int, int]] = {}  # subject -> the last QoS 1 message acknowledged
 
 
-class MqttConnection(QueuedOutput, asyncio.Protocol):
+class MqttConnection(ConnectionBase, asyncio.Protocol):
     """One MQTT client connection; ``__slots__`` keep an idle one as small as a native one."""
 
     __slots__ = (
-        "addr",
         "bytes_in",
         "client_id",
         "flow",
@@ -137,10 +135,8 @@ class MqttConnection(QueuedOutput, asyncio.Protocol):
         "listener",
         "msgs_in",
         "options",
-        "port",
         "reader",
         "reason",
-        "sid",
         "started",
         "state",
         "subscriptions",
@@ -216,21 +212,10 @@ class MqttConnection(QueuedOutput, asyncio.Protocol):
     # --- asyncio.Protocol -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        peer = transport.get_extra_info("peername")
-        if isinstance(peer, tuple):
-            self.addr = sys.intern(str(peer[0]))
-            self.port = int(peer[1])
-        engine = self.engine
-        self.sid = engine.new_session()
-        now = engine.loop.time()
-        if not engine.admit(self.addr, now):
-            rate = engine.config.max_connection_rate_per_address
-            engine.deny(self.origin(), "connect", "rate_limited", f"more than {rate} new connections per second")
+        if not self.admitted(transport):
             self.state = _CLOSING
-            self.transport.abort()
             return
-        self._start(now)
+        self._start(self.engine.loop.time())
 
     def adopt(self, transport: asyncio.Transport, addr: str, port: int, sid: int, rest: bytes) -> None:
         """MQTT over WebSocket: take over an upgraded HTTP connection's transport (and what followed the upgrade)."""
@@ -880,7 +865,7 @@ class MqttConnection(QueuedOutput, asyncio.Protocol):
         flow.next_id = packet_id
         return packet_id
 
-    _queue = QueuedOutput.queue_output  # an MQTT packet, queued like any output
+    _queue = ConnectionBase.queue_output  # an MQTT packet, queued like any output
 
     def flush(self) -> None:
         data = self.take_output()

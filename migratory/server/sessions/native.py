@@ -22,7 +22,7 @@ from migratory.entitlement import Decision
 from migratory.message import Message, QoS
 from migratory.server.engine.core import Origin, PublishResult
 from migratory.server.engine.types import Client
-from migratory.server.sessions.output import QueuedOutput
+from migratory.server.sessions.base import ConnectionBase
 from migratory.subscriptions import SubjectSet, subject_set_items
 from migratory.websocket import CLOSE_POLICY_VIOLATION, OP_BINARY, build_frame
 
@@ -33,7 +33,7 @@ def _frame(payload: bytes) -> bytes:
     return build_frame(OP_BINARY, payload)
 
 
-class Session(QueuedOutput):
+class Session(ConnectionBase):
     """The session half of a client connection: its state here, its transport in a subclass."""
 
     __slots__ = ("hello", "subscriptions", "token", "token_expiry", "version")

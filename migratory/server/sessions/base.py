@@ -1,26 +1,43 @@
-"""What every client connection does with its output, whatever protocol it speaks: queue the bytes
-(one object shared by every subscriber of a message), get written once per event-loop turn or per
-``BatchingTime`` (the fan-out's dirty lists), and past ``MaxPendingOutput`` apply the slow-consumer
-policy. The native connection (:mod:`.connection`) and the MQTT one (:mod:`.mqtt`) both inherit it.
+"""What every client connection shares, whatever protocol it speaks: its peer's address and its
+admission (``MaxConnectionsPerSecondPerAddress``), and its output: queue the bytes (one object
+shared by every subscriber of a message), get written once per event-loop turn or per
+``BatchingTime`` (the fan-out's dirty lists), past ``MaxPendingOutput`` apply the slow-consumer
+policy, pause with the kernel. The native connection (:mod:`.connection`, through
+:class:`~.native.Session`) and the MQTT one (:mod:`.mqtt`) both inherit it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from migratory.server.engine.core import Engine
-    from migratory.server.engine.types import Client, Publisher
+    from migratory.server.engine.types import Client, Origin, Publisher
 
-__all__ = ["QueuedOutput"]
+__all__ = ["ConnectionBase"]
 
 
-class QueuedOutput:
-    """Output queueing; the attributes are the connection's (set by its ``__init__``)."""
+class ConnectionBase:
+    """Identity, admission and output; the attributes are set by the connection's ``__init__``."""
 
-    __slots__ = ("bytes_out", "engine", "msgs_out", "paused", "pending", "pending_bytes", "transport")
+    __slots__ = (
+        "addr",
+        "bytes_out",
+        "engine",
+        "msgs_out",
+        "paused",
+        "pending",
+        "pending_bytes",
+        "port",
+        "sid",
+        "transport",
+    )
 
+    addr: str
+    port: int
+    sid: int
     engine: Engine
     transport: asyncio.Transport | None
     pending: bytes | list[bytes] | None  # bytes while one item: no list per delivery
@@ -32,6 +49,30 @@ class QueuedOutput:
     @property
     def open(self) -> bool:
         raise NotImplementedError
+
+    def origin(self) -> Origin:
+        raise NotImplementedError
+
+    def admitted(self, transport: asyncio.BaseTransport) -> bool:
+        """A new connection: its transport, its peer, its session number; False (and aborted) past the rate limit."""
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.addr = sys.intern(str(peer[0]))  # one string per client address, not per connection
+            self.port = int(peer[1])
+        engine = self.engine
+        self.sid = engine.new_session()
+        if engine.admit(self.addr, engine.loop.time()):
+            return True
+        engine.deny(
+            self.origin(),
+            "connect",
+            "rate_limited",
+            f"more than MaxConnectionsPerSecondPerAddress ({engine.config.max_connection_rate_per_address}) "
+            f"new connections per second from {self.addr}",
+        )
+        self.transport.abort()
+        return False
 
     def flush(self) -> None:
         raise NotImplementedError
