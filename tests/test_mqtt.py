@@ -463,3 +463,32 @@ def test_mosquitto_clients_will_session_resumption_and_refusals(
         [MOSQUITTO_SUB, *common, "-t", "closed/x", "-E"], capture_output=True, text=True, timeout=10
     )
     assert "not authorized" in (denied.stdout + denied.stderr).lower() or "denied" in denied.stderr.lower(), denied
+
+
+def test_message_expiry(mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]) -> None:
+    """MQTT 5: a message is never delivered after its expiry interval, and goes out with what is left of it."""
+    _, port = mqtt_server()
+    live = Received()
+    watcher = connect(clients, port, "watch-expiry", V5, received=live)
+    subscribe(watcher, "offers/today", 1)
+    pub = connect(clients, port, "offerer", V5)
+    props = Properties(PacketTypes.PUBLISH)
+    props.MessageExpiryInterval = 2
+    pub.publish("offers/today", b"20% off", qos=1, retain=True, properties=props).wait_for_publish(5)
+    first = live.wait(1)[0]
+    assert first.payload == b"20% off" and first.properties is not None
+    assert 1 <= first.properties.MessageExpiryInterval <= 2
+    early = Received()
+    subscribe(connect(clients, port, "early", V5, received=early), "offers/today", 1)
+    assert [m.payload for m in early.wait(1)] == [b"20% off"]  # retained, not yet expired
+    time.sleep(2.5)
+    late = Received()
+    subscribe(connect(clients, port, "late-expiry", V5, received=late), "offers/today", 1)
+    time.sleep(0.5)
+    assert late.payloads() == []  # the retained message expired
+    pub.publish("offers/today", b"no expiry", qos=1, retain=True).wait_for_publish(5)
+    later = Received()
+    subscribe(connect(clients, port, "later", V5, received=later), "offers/today", 1)
+    message = later.wait(1)[0]
+    assert message.payload == b"no expiry"  # the older message's expiry does not apply to it
+    assert message.properties is None or not hasattr(message.properties, "MessageExpiryInterval")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections import deque
 from typing import Any, cast
 
@@ -58,9 +59,12 @@ _NO_LIMITS = (65535, 0)
 TOPIC_ALIAS_MAXIMUM = 32
 """Topic aliases a version 5 client may set on this server (each costs one dict entry)."""
 
-_FRAME_CACHE: list[Any] = [None, None, b"", b"", b"", []]
+_FRAME_CACHE: list[Any] = [None, None, b"", b"", b"", [], 0]
 """[frame, its Delivery, its topic, its version 5 properties, its QoS 0 PUBLISH (3.1.1), its fields as user
-properties]: the frame being fanned out now."""
+properties, when it expires (ms, 0: never)]: the frame being fanned out now."""
+
+EXPIRY_FIELD = "mqtt-expiry"
+"""The field carrying an MQTT 5 message expiry: ``<unix ms>:<crc32 of the content>`` (docs/mqtt.md)."""
 
 _STATUS_CODES = {
     p.Status.OK: m.Rc.SUCCESS,
@@ -575,6 +579,12 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             self._publish_refused(packet, m.Rc.TOPIC_NAME_INVALID, exc.reason)
             return
         fields = dict(cast(list[tuple[str, str]], packet.props.get(m.P_USER, [])))
+        fields.pop(EXPIRY_FIELD, None)  # the server's own
+        expiry = packet.props.get(m.P_EXPIRY)
+        if isinstance(expiry, int):
+            # when the message expires, and whose it is (a snapshot's fields are a union: an older message's
+            # expiry must not apply to a newer content)
+            fields[EXPIRY_FIELD] = f"{int(time.time() * 1000) + expiry * 1000}:{zlib.crc32(packet.payload)}"
         qos = QoS.GUARANTEED if packet.qos else QoS.STANDARD
         message = Message(subject, packet.payload, fields, packet.retain, qos)
         engine = self.engine
@@ -771,10 +781,18 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             delivery = p.decode_server(payload)
             assert isinstance(delivery, p.Delivery)
             topic = subject_to_topic(delivery.subject)
-            users = list(delivery.fields.items())
-            cache[:] = [frame, delivery, topic, m.encode_properties({m.P_USER: users} if users else {}), b"", users]
+            expires = _expires(delivery)
+            users = [(k, v) for k, v in delivery.fields.items() if k != EXPIRY_FIELD]
+            props = m.encode_properties({m.P_USER: users} if users else {})
+            cache[:] = [frame, delivery, topic, props, b"", users, expires]
         delivery = cast(p.Delivery, cache[1])
         topic = cast(str, cache[2])
+        expires = cast(int, cache[6])
+        remaining = 0
+        if expires:  # MQTT 5 message expiry: never delivered late, and sent with what is left of it
+            remaining = -(-(expires - int(time.time() * 1000)) // 1000)
+            if remaining <= 0:
+                return
         options = retained_for if retained_for is not None else self._options_for(delivery.subject)
         if options is None:
             return
@@ -790,11 +808,12 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 packet = cache[4] = m.encode_publish(4, topic, delivery.content)
         else:
             props = cast(bytes, cache[3])
-            if level == 5 and options.sub_id:
+            if level == 5 and (options.sub_id or remaining):
                 users = cast(list[tuple[str, str]], cache[5])
-                props = m.encode_properties(
-                    {m.P_SUBSCRIPTION_ID: options.sub_id, **({m.P_USER: users} if users else {})}
-                )
+                extra: m.Properties = {m.P_EXPIRY: remaining} if remaining else {}
+                if options.sub_id:
+                    extra[m.P_SUBSCRIPTION_ID] = options.sub_id
+                props = m.encode_properties({**extra, **({m.P_USER: users} if users else {})})
             packet_id = self._next_packet_id() if qos else 0
             packet = m.encode_publish(level, topic, delivery.content, qos, retain, delivery.recovered, packet_id, props)
         max_packet = self.limits[1]
@@ -1017,6 +1036,17 @@ _CLASSES: dict[str, type[MqttConnection]] = {
 def mqtt_connection(engine: Engine, listener: str, scheme: str) -> MqttConnection:
     """A new MQTT connection of ``scheme`` (mqtt, mqtts, ws-mqtt, wss-mqtt) on ``listener``."""
     return _CLASSES[scheme](engine, listener)
+
+
+def _expires(delivery: p.Delivery) -> int:
+    """When the delivered message expires (unix ms), 0 for never: its expiry field, if it is this content's."""
+    value = delivery.fields.get(EXPIRY_FIELD)
+    if not value:
+        return 0
+    when, _, crc = value.partition(":")
+    if not (when.isdigit() and crc.isdigit()) or int(crc) != zlib.crc32(delivery.content):
+        return 0  # another (older) message's, kept by the snapshot's union of fields
+    return int(when)
 
 
 def _ignore(result: PublishResult) -> None:
