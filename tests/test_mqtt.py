@@ -492,3 +492,42 @@ def test_message_expiry(mqtt_server: Callable[..., tuple[ServerProcess, int]], c
     message = later.wait(1)[0]
     assert message.payload == b"no expiry"  # the older message's expiry does not apply to it
     assert message.properties is None or not hasattr(message.properties, "MessageExpiryInterval")
+
+
+def test_no_local_and_the_will_delay(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """MQTT 5: a No Local subscription never gets the client's own publications; a will waits its delay."""
+    from paho.mqtt.subscribeoptions import SubscribeOptions
+
+    _, port = mqtt_server()
+    got = Received()
+    chat = connect(clients, port, "chatter", V5, received=got)
+    done = threading.Event()
+    chat.on_subscribe = lambda *_: done.set()
+    chat.subscribe("room/general", options=SubscribeOptions(qos=1, noLocal=True))
+    assert done.wait(5)
+    chat.publish("room/general", b"my own words", qos=1).wait_for_publish(5)
+    other = connect(clients, port, "other-chatter", V5)
+    other.publish("room/general", b"someone else", qos=1).wait_for_publish(5)
+    assert [m.payload for m in got.wait(1)] == [b"someone else"]
+    time.sleep(0.3)
+    assert got.payloads() == [b"someone else"]
+    # a will with a delay: published only once the delay has passed
+    watched = Received()
+    watcher = connect(clients, port, "will-watcher", V5, received=watched)
+    subscribe(watcher, "room/left", 1)
+    doomed = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="delayed-will", protocol=V5)
+    will_props = Properties(PacketTypes.WILLMESSAGE)
+    will_props.WillDelayInterval = 2
+    doomed.will_set("room/left", b"bye", qos=1, properties=will_props)
+    doomed.connect("127.0.0.1", port)
+    doomed.loop_start()
+    time.sleep(0.5)
+    doomed.loop_stop()
+    vanished = time.monotonic()
+    sock = doomed.socket()
+    assert sock is not None
+    sock.close()
+    message = watched.wait(1, timeout=10)[0]
+    assert message.payload == b"bye" and time.monotonic() - vanished >= 1.5

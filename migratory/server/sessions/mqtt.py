@@ -84,31 +84,43 @@ class _SubOptions:
     (:meth:`of`), so a million subscribers of one topic cost one.
     """
 
-    __slots__ = ("filter", "qos", "rap", "sub_id")
+    __slots__ = ("filter", "no_local", "qos", "rap", "sub_id")
 
-    _shared: dict[tuple[str, int, int, bool], _SubOptions] = {}
+    _shared: dict[tuple[str, int, int, bool, bool], _SubOptions] = {}
 
-    def __init__(self, filt: Filter, qos: int, sub_id: int, rap: bool) -> None:
+    def __init__(self, filt: Filter, qos: int, sub_id: int, rap: bool, no_local: bool = False) -> None:
         self.filter = filt
         self.qos = qos
         self.sub_id = sub_id
         self.rap = rap
+        self.no_local = no_local
 
     @classmethod
-    def of(cls, filt: Filter, qos: int, sub_id: int, rap: bool) -> _SubOptions:
-        key = (filt.key, qos, sub_id, rap)
+    def of(cls, filt: Filter, qos: int, sub_id: int, rap: bool, no_local: bool = False) -> _SubOptions:
+        key = (filt.key, qos, sub_id, rap, no_local)
         found = cls._shared.get(key)
         if found is None:
             if len(cls._shared) > 100_000:  # bounded: distinct filters beyond it are simply not shared
-                return cls(filt, qos, sub_id, rap)
-            found = cls._shared[key] = cls(filt, qos, sub_id, rap)
+                return cls(filt, qos, sub_id, rap, no_local)
+            found = cls._shared[key] = cls(filt, qos, sub_id, rap, no_local)
         return found
 
 
 class _Flow:
     """The per-client state of QoS 1 and 2 and of version 5 extras, created on first use (idle clients have none)."""
 
-    __slots__ = ("acks", "aliases", "awaiting_rel", "expiry", "inflight", "next_id", "positions", "queue", "since")
+    __slots__ = (
+        "acks",
+        "aliases",
+        "awaiting_rel",
+        "expiry",
+        "inflight",
+        "next_id",
+        "own",
+        "positions",
+        "queue",
+        "since",
+    )
 
     def __init__(self) -> None:
         # packet id -> (the PUBLISH as resent, with DUP; its subject, epoch and seq), awaiting PUBACK
@@ -119,6 +131,8 @@ class _Flow:
         self.acks: deque[list[Any]] = deque()  # [packet id, kind, reason code or None while unanswered]
         self.awaiting_rel: set[int] = set()  # QoS 2 publications acknowledged with PUBREC, until PUBREL
         self.aliases: dict[int, str] = {}
+        # No Local: (subject, crc32 of the content) of this client's last publications, not delivered back to it
+        self.own: deque[tuple[str, int]] = deque(maxlen=64)
         # a session kept beyond its connection (clean session 0, or a session expiry interval)
         self.expiry = 0  # seconds it outlives the connection
         self.since = 0.0  # when this connection took it (wall clock)
@@ -587,6 +601,8 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             fields[EXPIRY_FIELD] = f"{int(time.time() * 1000) + expiry * 1000}:{zlib.crc32(packet.payload)}"
         qos = QoS.GUARANTEED if packet.qos else QoS.STANDARD
         message = Message(subject, packet.payload, fields, packet.retain, qos)
+        if self._no_local():
+            flow.own.append((subject, zlib.crc32(packet.payload)))
         engine = self.engine
         if packet.qos == 0:
             engine.publish(message, self.origin(), self._qos0_answered)
@@ -726,7 +742,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 )
                 continue
             granted = min(sub.qos, 1)  # QoS 2 subscriptions are granted QoS 1 (docs/mqtt.md)
-            options = _SubOptions.of(filt, granted, sub_id, sub.retain_as_published)
+            options = _SubOptions.of(filt, granted, sub_id, sub.retain_as_published, sub.no_local)
             self._set_options(filt.key, options)
             codes.append(granted)
             if sub.retain_handling == 0 or (sub.retain_handling == 1 and new):
@@ -799,6 +815,11 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         snapshot = delivery.snapshot
         if snapshot and not delivery.content and not delivery.fields:
             return  # an empty retained message clears the retained message (MQTT): nothing is sent
+        if options.no_local and not snapshot and self.flow is not None and self.flow.own:
+            mine = (delivery.subject, zlib.crc32(delivery.content))
+            if mine in self.flow.own:
+                self.flow.own.remove(mine)  # its own publication (MQTT 5 No Local)
+                return
         retain = snapshot or (options.rap and delivery.retained)
         qos = min(options.qos, 1 if delivery.guaranteed or snapshot or delivery.recovered else 0)
         level = self.level
@@ -830,6 +851,9 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 return
             flow.inflight[flow.next_id] = (_dup(packet), subject, epoch, seq)
         self._queue(packet)
+
+    def _no_local(self) -> bool:
+        return self.level == 5 and any(o.no_local for o in self._all_options().values())
 
     def _all_options(self) -> dict[str, _SubOptions]:
         options = self.options
@@ -949,9 +973,26 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         self.close("server_shutdown")
 
     def _publish_will(self) -> None:
+        """The last will: now, or after its delay interval (MQTT 5) unless the client id came back meanwhile."""
         will, self.will = self.will, None
         if will is None:
             return
+        delay = int(cast(int, will.props.get(m.P_WILL_DELAY, 0)))
+        flow = self.flow
+        if flow is not None and flow.expiry:
+            delay = min(delay, flow.expiry)  # the session's end publishes it, whichever comes first
+        if delay:
+            store, client_id = SessionStore.of(self.engine), self.client_id
+
+            def later() -> None:
+                if client_id not in store.live:  # resumed on this worker: no will (MQTT 5 3.1.3.2.2)
+                    self._send_will(will)
+
+            self.engine.loop.call_later(delay, later)
+            return
+        self._send_will(will)
+
+    def _send_will(self, will: m.Will) -> None:
         try:
             subject = topic_to_subject(will.topic)
         except TopicError:
