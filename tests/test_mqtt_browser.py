@@ -36,11 +36,11 @@ from migratory.client import ClientMessage, MigratoryClient
 from migratory.message import MessageType
 from migratory.protocol import Status
 from tests.conftest import ServerProcess
+from tests.test_browser import ARGS, CHROMIUM  # the suite's Chromium and its flags
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, BrowserContext, Page, Route
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NPM = shutil.which("npm")
 MQTTJS = "mqtt@5"
 SUPPORT_JS = Path(__file__).resolve().parent / "mqtt_browser_support.js"
@@ -55,15 +55,6 @@ pytestmark = [
     ),
 ]
 
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 WAIT_MS = 5000
 """The bound of every wait on the page (a CONNACK, a SUBACK, a PUBACK, a message)."""
