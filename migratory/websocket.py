@@ -36,6 +36,7 @@ __all__ = [
     "build_close",
     "build_frame",
     "close_code_allowed",
+    "frame_payload",
     "parse_close",
     "valid_key",
 ]
@@ -115,6 +116,12 @@ def build_frame(opcode: int, payload: bytes) -> bytes:
     else:
         header = struct.pack("!BBQ", first, 127, length)
     return header + payload
+
+
+def frame_payload(frame: bytes) -> bytes:
+    """The payload of an unmasked frame this module built (what the engine hands its clients)."""
+    length = frame[1] & 0x7F
+    return frame[2 if length < 126 else 4 if length == 126 else 10 :]
 
 
 def build_close(code: int, reason: str = "") -> bytes:

@@ -42,6 +42,7 @@ from migratory.websocket import (
     accept_key,
     build_close,
     build_frame,
+    frame_payload,
     parse_close,
     valid_key,
 )
@@ -663,9 +664,8 @@ class StreamConnection(Connection):
             if opcode == OP_PING:
                 super().send(_KEEPALIVE)
             return  # pongs and close frames have no meaning here: the stream's end is the close
-        length = data[1] & 0x7F
-        offset = 2 if length < 126 else 4 if length == 126 else 10
-        super().send(_LENGTH.pack(len(data) - offset) + data[offset:])
+        payload = frame_payload(data)
+        super().send(_LENGTH.pack(len(payload)) + payload)
 
     def flush(self) -> None:
         body = self.take_output()

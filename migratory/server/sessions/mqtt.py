@@ -45,6 +45,7 @@ from migratory.websocket import (
     WebSocketError,
     build_close,
     build_frame,
+    frame_payload,
 )
 
 __all__ = ["MqttConnection", "mqtt_connection"]
@@ -131,8 +132,9 @@ class _Flow:
         self.acks: deque[list[Any]] = deque()  # [packet id, kind, reason code or None while unanswered]
         self.awaiting_rel: set[int] = set()  # QoS 2 publications acknowledged with PUBREC, until PUBREL
         self.aliases: dict[int, str] = {}
-        # No Local: (subject, crc32 of the content) of this client's last publications, not delivered back to it
-        self.own: deque[tuple[str, int]] = deque(maxlen=64)
+        # No Local: (subject, crc32 of the content) of this client's last 64 publications, not delivered back to
+        # it; made by its first publication with a No Local subscription
+        self.own: deque[tuple[str, int]] | None = None
         # a session kept beyond its connection (clean session 0, or a session expiry interval)
         self.expiry = 0  # seconds it outlives the connection
         self.since = 0.0  # when this connection took it (wall clock)
@@ -568,11 +570,12 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
     # --- PUBLISH from the client ----------------------------------------------------------
 
     def _publish(self, packet: m.Publish) -> None:
-        flow = self.flow or self._new_flow()
+        flow = self.flow  # made only when needed: a QoS 0 publisher keeps none
         topic = packet.topic
         if self.level == 5:
             alias = cast(int | None, packet.props.get(m.P_ALIAS))
             if alias is not None:
+                flow = flow or self._new_flow()
                 if not 0 < alias <= TOPIC_ALIAS_MAXIMUM:
                     raise m.MqttError(m.Rc.TOPIC_ALIAS_INVALID, f"topic alias {alias} (at most {TOPIC_ALIAS_MAXIMUM})")
                 if topic:
@@ -583,7 +586,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                     raise m.MqttError(m.Rc.PROTOCOL_ERROR, f"topic alias {alias} was never set")
             elif not topic:
                 raise m.MqttError(m.Rc.PROTOCOL_ERROR, "PUBLISH without a topic name or alias")
-        if packet.qos == 2 and packet.packet_id in flow.awaiting_rel:
+        if packet.qos == 2 and flow is not None and packet.packet_id in flow.awaiting_rel:
             self._queue(m.encode_ack(m.PUBREC, packet.packet_id, self.level))  # a resend: already taken
             return
         try:
@@ -602,11 +605,15 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         qos = QoS.GUARANTEED if packet.qos else QoS.STANDARD
         message = Message(subject, packet.payload, fields, packet.retain, qos)
         if self._no_local():
+            flow = flow or self._new_flow()
+            if flow.own is None:
+                flow.own = deque(maxlen=64)
             flow.own.append((subject, zlib.crc32(packet.payload)))
         engine = self.engine
         if packet.qos == 0:
             engine.publish(message, self.origin(), self._qos0_answered)
             return
+        flow = flow or self._new_flow()
         entry: list[Any] = [packet.packet_id, m.PUBACK if packet.qos == 1 else m.PUBREC, None, ""]
         flow.acks.append(entry)
         if packet.qos == 2:
@@ -713,6 +720,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             if name == "conflation" and value.isdigit():
                 conflation = int(value)
         codes: list[int] = []
+        granted_now: list[tuple[_SubOptions, list[str]]] = []
         retained: list[tuple[_SubOptions, list[str]]] = []
         for i, sub in enumerate(packet.subscriptions):
             try:
@@ -745,6 +753,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             options = _SubOptions.of(filt, granted, sub_id, sub.retain_as_published, sub.no_local)
             self._set_options(filt.key, options)
             codes.append(granted)
+            granted_now.append((options, subjects))
             if sub.retain_handling == 0 or (sub.retain_handling == 1 and new):
                 retained.append((options, subjects))
         if self.level == 4:
@@ -753,11 +762,9 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         flow = self.flow
         if flow is not None and flow.expiry:  # what a stored session will recover from: now
             replica = engine.replica
-            for key, options in self._all_options().items():
-                if options.qos and options.filter.subject is not None:
-                    flow.positions.setdefault(options.filter.subject, replica.position(options.filter.subject))
-                elif options.qos and options.filter.pattern is not None and key[0] == "\x00":
-                    for subject in engine.matching_subjects(options.filter.pattern):
+            for options, subjects in granted_now:  # the subjects each subscription of this packet matches
+                if options.qos:
+                    for subject in subjects:
                         flow.positions.setdefault(subject, replica.position(subject))
             SessionStore.of(engine).mark(self)
         for options, subjects in retained:
@@ -790,8 +797,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
     def _deliver(self, frame: bytes, retained_for: _SubOptions | None) -> None:
         cache = _FRAME_CACHE
         if cache[0] is not frame:
-            length = frame[1] & 0x7F
-            payload = frame[2 if length < 126 else 4 if length == 126 else 10 :]
+            payload = frame_payload(frame)
             if not payload or payload[0] != p.Op.MESSAGE:
                 return  # NOTIFY, statuses and errors have no MQTT form
             delivery = p.decode_server(payload)
@@ -853,7 +859,13 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         self._queue(packet)
 
     def _no_local(self) -> bool:
-        return self.level == 5 and any(o.no_local for o in self._all_options().values())
+        """Whether a subscription of this client has No Local (asked once per publication: no dict made)."""
+        options = self.options
+        if self.level != 5 or options is None:
+            return False
+        if isinstance(options, _SubOptions):
+            return options.no_local
+        return any(o.no_local for o in options.values())
 
     def _all_options(self) -> dict[str, _SubOptions]:
         options = self.options
