@@ -13,7 +13,8 @@ rules below are the whole of what "the same" means.
   subject's *position*, and names one message in the cluster.
 - **Snapshot.** The latest retained content and the union of all fields, each at its
   latest value (Architecture Guide, "Snapshot Messages").
-- **Cache** (Guaranteed mode only): the last ``cache_size`` messages, each for at most
+- **Cache** (Guaranteed mode; elsewhere only the subjects a stored MQTT session wants, see
+  :meth:`Replica.keep`): the last ``cache_size`` messages, each for at most
   ``cache_ttl`` seconds, always a contiguous run ending at the position, so a client
   that reconnects with the position of the last message it saw can be sent exactly
   what follows it.
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from migratory.message import Snapshot, merge_fields
@@ -133,6 +134,7 @@ class Replica:
     __slots__ = (
         "_cached",
         "_ids",
+        "_kept",
         "_recent",
         "_snapshots",
         "_states",
@@ -141,10 +143,18 @@ class Replica:
         "cache_ttl",
         "gaps",
         "id_window",
+        "keep_size",
+        "wants",
     )
 
-    def __init__(self, cache_size: int = 0, cache_ttl: float = 0.0, id_window: float = 0.0) -> None:
+    def __init__(self, cache_size: int = 0, cache_ttl: float = 0.0, id_window: float = 0.0, keep_size: int = 0) -> None:
         self.cache_size = cache_size
+        # without a cache for every subject, the subjects a stored MQTT session wants are cached anyway (at
+        # keep_size): a session away recovers what it missed from them, as it would in a Guaranteed cluster
+        self.keep_size = keep_size
+        self._kept: set[str] = set()
+        # asked once per new subject whether to keep it (a wildcard filter of a stored session matches it)
+        self.wants: Callable[[str], bool] | None = None
         self.cache_ttl = cache_ttl
         self.id_window = id_window  # seconds a numbered publish id is remembered (0: only while cached)
         self._recent: dict[str, tuple[str, int, int]] = {}  # publish id -> position, oldest first
@@ -193,6 +203,29 @@ class Replica:
         """Subjects that have a snapshot."""
         return self._snapshots
 
+    def caches(self, subject: str) -> bool:
+        """Whether this replica caches ``subject``'s messages (all subjects, or one that is kept)."""
+        return bool(self.cache_size) or (bool(self.keep_size) and subject in self._kept)
+
+    def _size(self, subject: str) -> int:
+        return self.cache_size or (self.keep_size if subject in self._kept else 0)
+
+    def keep(self, subject: str, on: bool) -> None:
+        """Cache ``subject`` although this replica caches nothing else (``on``), or stop and drop its cache."""
+        if not self.keep_size or self.cache_size:
+            return
+        if on:
+            self._kept.add(subject)
+        elif subject in self._kept:
+            self._kept.discard(subject)
+            state = self._states.get(subject)
+            if state is not None:
+                self._drop_cache(subject, state)
+
+    def kept(self) -> set[str]:
+        """The subjects cached because a stored session wants them."""
+        return set(self._kept)
+
     def cached_messages(self) -> int:
         return sum(len(self._states[s].cache or ()) for s in self._cached)
 
@@ -222,7 +255,7 @@ class Replica:
         """Apply a live message (the coordinator's own, or one it sent)."""
         state = self._states.get(subject)
         if state is None:
-            state = self._states[subject] = _State()
+            state = self._new_state(subject)
         elif entry.seq <= state.seq:
             return Applied.DUPLICATE
         outcome = Applied.NEW
@@ -233,6 +266,13 @@ class Replica:
         self._advance(subject, state, entry, now)
         return outcome
 
+    def _new_state(self, subject: str) -> _State:
+        state = self._states[subject] = _State()
+        wants = self.wants
+        if wants is not None and self.keep_size and not self.cache_size and wants(subject):
+            self._kept.add(subject)
+        return state
+
     def _advance(self, subject: str, state: _State, entry: Entry, now: float) -> None:
         state.epoch = entry.epoch
         state.seq = entry.seq
@@ -242,12 +282,13 @@ class Replica:
                 self._snapshots += 1
             fields = entry.fields if previous is None else merge_fields(previous.fields, entry.fields)
             state.snapshot = Snapshot(subject, entry.content, dict(fields), entry.seq, entry.epoch)
-        if self.cache_size:
+        size = self.cache_size or (self.keep_size if self._kept and subject in self._kept else 0)
+        if size:
             cache = state.cache
             if cache is None:
                 cache = state.cache = deque()
                 self._cached.add(subject)
-            if len(cache) >= self.cache_size:
+            if len(cache) >= size:
                 self._forget(cache.popleft()[1])
             cache.append((now, entry))
             if entry.publish_id:
@@ -337,7 +378,7 @@ class Replica:
         state = self._states.get(subject)
         if state is None:
             if sync.entries and sync.entries[0].seq == 1 and sync.entries[-1].seq == sync.seq:
-                state = self._states[subject] = _State()  # the whole history is cached: all of it is new here
+                state = self._new_state(subject)  # the whole history is cached: all of it is new here
                 for entry in sync.entries:
                     self._advance(subject, state, entry, now)
                 return Merged(new=sync.entries)
@@ -363,16 +404,16 @@ class Replica:
     def _adopt(self, sync: SubjectSync, now: float) -> None:
         state = self._states.get(sync.subject)
         if state is None:
-            state = self._states[sync.subject] = _State()
+            state = self._new_state(sync.subject)
         else:
             self._drop_cache(sync.subject, state)
         self._snapshots += (sync.snapshot is not None) - (state.snapshot is not None)
         state.epoch, state.seq, state.snapshot = sync.epoch, sync.seq, sync.snapshot
-        if self.cache_size and sync.entries and sync.entries[-1].seq == sync.seq:
+        if self._size(sync.subject) and sync.entries and sync.entries[-1].seq == sync.seq:
             self._fill(sync.subject, state, sync.entries, now)
 
     def _fill(self, subject: str, state: _State, entries: Iterable[Entry], now: float) -> None:
-        kept = list(entries)[-self.cache_size :]
+        kept = list(entries)[-self._size(subject) :]
         if not kept:
             return
         state.cache = deque((now, entry) for entry in kept)
@@ -383,14 +424,15 @@ class Replica:
 
     def _prepend(self, subject: str, state: _State, entries: tuple[Entry, ...], now: float) -> None:
         """Older messages we lack, from a history consistent with ours (a member that joined late)."""
-        if not self.cache_size or not entries:
+        size = self._size(subject)
+        if not size or not entries:
             return
         cache = state.cache
         anchor_seq, anchor_epoch = (cache[0][1].seq, cache[0][1].epoch) if cache else (state.seq, state.epoch)
         at = _find(entries, anchor_seq)
         if at is None or entries[at].epoch != anchor_epoch or (cache and at == 0):
             return
-        room = self.cache_size - (len(cache) if cache else 0)
+        room = size - (len(cache) if cache else 0)
         if room <= 0:
             return
         older = entries[max(0, at - room) : at] if cache else entries[max(0, at + 1 - room) : at + 1]
@@ -405,11 +447,12 @@ class Replica:
         state = self._states.get(subject)
         if state is None:
             return Recovery(RecoveryKind.RESYNC)
-        if (epoch, seq) == (0, 0) and self.cache_size and state.cache and state.cache[0][1].seq == 1:
+        cached = self.caches(subject)
+        if (epoch, seq) == (0, 0) and cached and state.cache and state.cache[0][1].seq == 1:
             return Recovery(RecoveryKind.RECOVER, tuple(entry for _, entry in state.cache))  # saw nothing: all of it
         if seq > state.seq and epoch >= state.epoch:
             return Recovery(RecoveryKind.SYNC)  # it saw messages this replica is about to receive
-        if not self.cache_size:  # Standard mode: after a failover, the current snapshot
+        if not cached:  # Standard mode: after a failover, the current snapshot
             return Recovery(RecoveryKind.RESYNC, snapshot=state.snapshot)
         if (epoch, seq) == (state.epoch, state.seq):
             return Recovery(RecoveryKind.SYNC)

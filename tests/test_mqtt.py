@@ -9,6 +9,8 @@ reason codes, and the way MQTT and the native protocol reach each other's subscr
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import shutil
 import subprocess
 import threading
@@ -278,6 +280,91 @@ def test_session_takeover_and_resumption(
     assert fresh.payloads() == []
 
 
+@pytest.mark.parametrize("version", [V311, V5])
+def test_a_stored_session_gets_every_message_it_missed_from_any_worker_of_a_single_node(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client], version: int
+) -> None:
+    """No cache for every subject on a single node, yet a session away misses nothing (as in Mosquitto):
+    the workers cache what stored QoS 1 subscriptions want. Several returns land on both workers."""
+    srv, port = mqtt_server({"Workers": "2"})
+    props = None
+    if version == V5:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 600
+    pub = connect(clients, port, "away-pub", version)
+    pub.publish("away/old/x", b"before", qos=1).wait_for_publish(5)  # a subject that exists before the session
+    got = Received()
+    sub = connect(clients, port, "away-sub", version, clean=False, received=got, properties=props)
+    assert subscribe(sub, "away/old/x", 1)[0].value == 1
+    assert subscribe(sub, "away/new/+", 1)[0].value == 1  # and one that matches subjects not yet published
+    time.sleep(0.2)
+    expected: dict[str, list[bytes]] = {"away/old/x": [], "away/new/a": [], "away/new/b": []}
+    for trip in range(6):
+        sub.disconnect()
+        sub.loop_stop()
+        clients.remove(sub)
+        for n in range(5):
+            for topic in expected:
+                payload = f"{topic} {trip}.{n}".encode()
+                pub.publish(topic, payload, qos=1, retain=n == 2).wait_for_publish(5)
+                expected[topic].append(payload)
+        sub = connect(clients, port, "away-sub", version, clean=False, received=got, properties=props)
+        total = sum(len(v) for v in expected.values())
+        got.wait(total, 10)
+        for topic, payloads in expected.items():
+            seen = [m.payload for m in got.items if m.topic == topic]
+            # at least once (a redelivery is allowed, flagged DUP), every one, in order
+            deduplicated = [p for i, p in enumerate(seen) if p not in seen[:i]]
+            assert deduplicated == payloads, (trip, topic, seen)
+            earlier: set[bytes] = set()
+            for message in (m for m in got.items if m.topic == topic):
+                assert message.payload not in earlier or message.dup, (trip, topic, message.payload)
+                earlier.add(message.payload)
+    assert sum(1 for m in got.items if m.payload == b"before") == 0  # acknowledged before: not sent again
+    deadline = time.monotonic() + 5
+    workers: set[int] = set()
+    while len(workers) < 2 and time.monotonic() < deadline:  # the access log is written every second
+        time.sleep(0.2)
+        lines = (json.loads(line) for line in (srv.log_folder / "access.log").read_text().splitlines())
+        workers = {
+            int(e["session"].split(".")[0].split("-")[1])
+            for e in lines
+            if e.get("event") == "connect" and e.get("client_id") == "away-sub"
+        }
+    assert len(workers) == 2, f"the session came back on workers {workers} only"
+
+
+def test_a_clean_session_takes_its_client_id_over_from_another_worker(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """MQTT 3.1.4-2: the older connection with the id ends at once, whichever worker holds it."""
+    srv, port = mqtt_server({"Workers": "2"})
+    previous: mqtt.Client | None = None
+    ended = threading.Event()
+    for _ in range(8):
+        client = connect(clients, port, "one-id", V5)
+        if previous is not None:
+            assert ended.wait(5), "the older connection with the same client id is still open"
+            previous.loop_stop()
+        ended = threading.Event()
+        client.on_disconnect = lambda *_a, e=ended: e.set()
+        previous = client
+    deadline = time.monotonic() + 5
+    sessions: list[int] = []
+    while time.monotonic() < deadline:  # the access log is written every second
+        lines = (json.loads(line) for line in (srv.log_folder / "access.log").read_text().splitlines())
+        sessions = [
+            int(e["session"].split(".")[0].split("-")[1])
+            for e in lines
+            if e.get("event") == "connect" and e.get("client_id") == "one-id"
+        ]
+        if len(sessions) == 8:
+            break
+        time.sleep(0.2)
+    assert any(a != b for a, b in itertools.pairwise(sessions)), f"every connection on one worker: {sessions}"
+    assert not ended.is_set()  # the last one keeps it
+
+
 def test_entitlement_refusals_use_the_reason_codes(
     mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
 ) -> None:
@@ -417,18 +504,21 @@ def test_mosquitto_clients_will_session_resumption_and_refusals(
     # session resumption: a persistent subscriber (-c) leaves, misses two messages, comes back for them
     subscribe_only = [MOSQUITTO_SUB, *common, "-c", "-i", "resumer", "-q", "1", "-t", "open/resume", "-E"]
     assert subprocess.run(subscribe_only, timeout=10).returncode == 0
-    for message in ("while away 1", "while away 2"):
-        sent = subprocess.run([MOSQUITTO_PUB, *common, "-t", "open/resume", "-m", message, "-q", "1", "-r"], timeout=10)
+    for message, retain in (("while away 1", []), ("while away 2", ["-r"]), ("while away 3", [])):
+        sent = subprocess.run(
+            [MOSQUITTO_PUB, *common, "-t", "open/resume", "-m", message, "-q", "1", *retain], timeout=10
+        )
         assert sent.returncode == 0
     back = subprocess.run(
-        [MOSQUITTO_SUB, *common, "-c", "-i", "resumer", "-q", "1", "-t", "open/resume", "-C", "1", "-W", "10"],
+        [MOSQUITTO_SUB, *common, "-c", "-i", "resumer", "-q", "1", "-t", "open/resume", "-C", "3", "-W", "10"],
         capture_output=True,
         text=True,
         timeout=15,
     )
-    # a single node keeps no cache (docs/mqtt.md, "Sessions"): the session comes back with its
-    # subscription and the subject's current (retained) value, once
-    assert back.returncode == 0 and back.stdout.splitlines() == ["while away 2"], back.stdout + back.stderr
+    # the single node cached the subject for the stored session (docs/mqtt.md, "Sessions"): every
+    # message it missed, retained or not, once, in order
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert back.stdout.splitlines() == ["while away 1", "while away 2", "while away 3"], back.stdout + back.stderr
     # the last will of a mosquitto_sub killed without DISCONNECT
     watcher = subprocess.Popen(
         [MOSQUITTO_SUB, *common, "-t", "open/status", "-q", "1", "-C", "1", "-W", "15"],

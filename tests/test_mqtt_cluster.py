@@ -4,7 +4,8 @@ A persistent session (clean session 0, and MQTT 5 with a session expiry) subscri
 member of a three-member Guaranteed cluster; a publisher on another member publishes QoS 1
 without pause; the subscriber's member is SIGKILLed; later the subscriber comes back with the
 same client id on the third member and must get every acknowledged publication, in order,
-with redeliveries flagged DUP (docs/mqtt.md, "Sessions").
+with redeliveries flagged DUP (docs/mqtt.md, "Sessions"). The same holds in a Standard cluster,
+whose members cache what stored sessions want although they cache nothing for native clients.
 """
 
 from __future__ import annotations
@@ -62,9 +63,15 @@ class Subscriber:
             return [n for n, _ in self.got]
 
 
-@pytest.mark.parametrize("version", [mqtt.MQTTv311, mqtt.MQTTv5])
-def test_a_persistent_session_gets_every_qos1_message_after_its_member_is_killed(tmp_path: Path, version: int) -> None:
-    with LocalCluster(tmp_path, 3, mode="Guaranteed", base=51 if version == mqtt.MQTTv311 else 54) as cluster:
+@pytest.mark.parametrize(
+    ("version", "mode"),
+    [(mqtt.MQTTv311, "Guaranteed"), (mqtt.MQTTv5, "Guaranteed"), (mqtt.MQTTv5, "Standard")],
+)
+def test_a_persistent_session_gets_every_qos1_message_after_its_member_is_killed(
+    tmp_path: Path, version: int, mode: str
+) -> None:
+    base = {(mqtt.MQTTv311, "Guaranteed"): 51, (mqtt.MQTTv5, "Guaranteed"): 54}.get((version, mode), 57)
+    with LocalCluster(tmp_path, 3, mode=mode, base=base) as cluster:
         ports = {}
         for member in cluster.members:
             ports[member.index] = free_ports(member.host, 1)[0]
@@ -112,3 +119,18 @@ def test_a_persistent_session_gets_every_qos1_message_after_its_member_is_killed
                 seen.add(number)
         if sub.client is not None:
             sub.client.loop_stop()
+        if mode == "Standard":  # a clean session takes its client id from a connection on another member
+            ended = threading.Event()
+            first = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="clean-roamer", protocol=mqtt.MQTTv5)
+            first.on_disconnect = lambda *_: ended.set()
+            first.connect(cluster[1].host, ports[1], clean_start=True)
+            first.loop_start()
+            time.sleep(0.5)
+            second = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="clean-roamer", protocol=mqtt.MQTTv5)
+            second.connect(cluster[2].host, ports[2], clean_start=True)
+            second.loop_start()
+            try:
+                assert ended.wait(5), "the connection on the other member kept the client id"
+            finally:
+                first.loop_stop()
+                second.loop_stop()

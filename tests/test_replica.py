@@ -198,3 +198,26 @@ def test_snapshot_count_follows_applies_and_merges(steps: list[tuple[str, bool, 
             replica.apply(subject, Entry(1, replica.next_seq(subject) + skip, b"m", {}, retained), 0.0)
         assert len(replica) == sum(replica.get(s) is not None for s in replica.subjects())
         assert replica.subject_count() == len(replica.subjects())
+
+
+def test_a_replica_without_a_cache_keeps_the_subjects_a_stored_session_wants() -> None:
+    """A single node caches nothing, except what a stored MQTT session's QoS 1 subscriptions want."""
+    replica = Replica(0, 60.0, keep_size=3)
+    replica.wants = lambda subject: subject.startswith("/w/")  # a wildcard filter's answer for new subjects
+    replica.keep("/k", True)  # kept before its first message
+    for seq in range(1, 6):
+        for subject in ("/k", "/w/x", "/plain"):
+            replica.apply(subject, Entry(1, seq, b"m%d" % seq), now=float(seq))
+    assert replica.kept() == {"/k", "/w/x"}
+    assert replica.caches("/k") and not replica.caches("/plain")
+    recovery = replica.recover("/k", 1, 3)
+    assert recovery.kind is RecoveryKind.RECOVER and [e.seq for e in recovery.entries] == [4, 5]
+    assert [e.seq for e in replica.recover("/w/x", 1, 2).entries] == [3, 4, 5]  # at most keep_size
+    assert replica.recover("/w/x", 1, 1).kind is RecoveryKind.RESYNC  # older than the cache
+    assert replica.recover("/plain", 1, 3).kind is RecoveryKind.RESYNC  # not kept: the snapshot, as before
+    assert replica.expire(64.5) == 4  # kept caches expire like any cache
+    replica.keep("/w/x", False)
+    assert replica.kept() == {"/k"} and replica.recover("/w/x", 1, 4).kind is RecoveryKind.RESYNC
+    everything = Replica(5, 60.0, keep_size=3)  # a Guaranteed replica caches every subject: keep changes nothing
+    everything.keep("/k", True)
+    assert everything.kept() == set() and everything.caches("/other")

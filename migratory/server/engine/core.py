@@ -137,12 +137,15 @@ class Engine:
         self.cluster_info: dict[str, Any] = {}
         guaranteed = config.cluster_delivery_mode.value == "Guaranteed" and self.cluster
         self.replica = Replica(
-            config.max_cached_messages_per_subject if guaranteed else 0, float(config.cache_expire_time)
+            config.max_cached_messages_per_subject if guaranteed else 0,
+            float(config.cache_expire_time),
+            keep_size=0 if guaranteed else config.max_cached_messages_per_subject,
         )
         self._partial: dict[tuple[int, str], list[Entry]] = {}
         self.connections: set[Client] = set()
-        # a session protocol that keeps state in the replica (MQTT) hears every message under its prefix
-        self.watch: tuple[str, Callable[[str, Entry], None]] | None = None
+        # a session protocol that keeps state in the replica (MQTT) hears every message under its prefix (and
+        # every snapshot a merge put there): the subject and its content
+        self.watch: tuple[str, Callable[[str, bytes], None]] | None = None
         self.stats = Stats()
         self.batching_time = config.batching_time / 1000.0
         self.fanout = FanOut(loop, self.stats, self.snapshot_frame, self.batching_time)
@@ -530,7 +533,7 @@ class Engine:
         """Coordinating worker: number, snapshot, deliver here, broadcast to the other workers, log."""
         subject = message.subject
         entry = Entry(self.epoch, self.replica.next_seq(subject), message.content, message.fields, message.retained)
-        self.replica.apply(subject, entry)
+        self.replica.apply(subject, entry, self.loop.time())
         guaranteed = message.qos == QoS.GUARANTEED
         recipients, frame_size = self.deliver(subject, entry, guaranteed)
         if self.bus is not None:
@@ -632,13 +635,20 @@ class Engine:
         for entry in merged.new:
             self.deliver(state.subject, entry, False)
         if merged.resync:
+            watch = self.watch
+            if watch is not None and state.subject.startswith(watch[0]):
+                snapshot = self.replica.get(state.subject)
+                watch[1](state.subject, snapshot.content if snapshot is not None else b"")
             self.resync(state.subject)
 
     def on_link_up(self, peer: int) -> None:
         """A (re)started peer: send it our whole state before anything else."""
         if self.bus is None:
             return
-        for subject in self.replica.subjects():
+        # the private subjects first: the MQTT session records say which subjects the peer is to cache
+        subjects = self.replica.subjects()
+        subjects.sort(key=lambda subject: not subject.startswith(PRIVATE_PREFIX))
+        for subject in subjects:
             state = self.replica.sync(subject)
             if state is not None:
                 for frame in sync_frames(state):
@@ -693,7 +703,7 @@ class Engine:
         """Queue one message for every local subscriber; return (recipients, frame size)."""
         watch = self.watch
         if watch is not None and subject.startswith(watch[0]):
-            watch[1](subject, entry)
+            watch[1](subject, entry.content)
         return self.fanout.deliver(subject, entry, guaranteed)
 
     def resync(self, subject: str) -> None:

@@ -38,6 +38,7 @@ from migratory.server.node.counters import SharedCounters
 from migratory.server.process.monitor import Monitor, MonitorConnection
 from migratory.server.sessions.connection import Connection
 from migratory.server.sessions.mqtt import mqtt_connection
+from migratory.server.sessions.mqttstore import SessionStore
 from migratory.server.transport import raw as rawtransport
 from migratory.server.transport.context import build_context, reload_context
 
@@ -158,6 +159,7 @@ async def serve(
     if config.message_log:
         message = JsonLineWriter(config.log_folder, "message.log", config.log_max_file_size, config.log_max_files)
     engine = Engine(config, epoch, loop, access, message, worker=worker, workers=workers, incarnation=incarnation)
+    SessionStore.of(engine)  # from the start: every worker keeps what stored MQTT sessions want, and hears takeovers
     if reload_from:
         running = [config]
 

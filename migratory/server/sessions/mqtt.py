@@ -421,11 +421,12 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         else:
             local = store.live.get(client_id)  # taken over on this worker: its state is newer than its record
             record = local.record() if local is not None else None
-            if isinstance(local, MqttConnection) and local.flow is not None and not engine.replica.cache_size:
-                # no cache to recover from (a single node, a Standard cluster): its unacknowledged QoS 1
-                # messages move to this connection, to be sent again with DUP set
-                unacked = dict(local.flow.inflight)
-                unacked.update((q[0], (_dup(q[1]), q[2], q[3], q[4])) for q in local.flow.queue)
+            if isinstance(local, MqttConnection) and local.flow is not None:
+                # what no cache holds (a subject not cached here): its unacknowledged QoS 1 messages move to this
+                # connection, to be sent again with DUP set; the others are recovered from the cache
+                caches = engine.replica.caches
+                unacked = {i: sent for i, sent in local.flow.inflight.items() if not caches(sent[1])}
+                unacked.update((q[0], (_dup(q[1]), q[2], q[3], q[4])) for q in local.flow.queue if not caches(q[2]))
             record = record or store.load(client_id)
             if record is not None and record.expired(time.time()):
                 record = None
@@ -459,7 +460,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                     self._queue(sent[0])
             store.claim(self)
         else:
-            store.register(self)
+            store.register(self, announce=not assigned)  # an id the server assigned is nobody else's
 
     def _refuse_connect(self, code: int, reason: str) -> None:
         """CONNACK with a refusal (its nearest 3.1.1 return code), then close."""
@@ -477,7 +478,11 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
 
     @property
     def since(self) -> float:
-        return self.flow.since if self.flow is not None else 0.0
+        """When this connection took its client id (wall clock): the newer one of two keeps it."""
+        flow = self.flow
+        if flow is not None and flow.since:
+            return flow.since
+        return time.time() - (self.engine.loop.time() - self.started)  # no slot spent on it
 
     def record(self, *, closed: bool = False) -> Record | None:
         """The session as stored (docs/mqtt.md, "Sessions"); None for a session that ends with its connection."""
@@ -766,7 +771,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 if options.qos:
                     for subject in subjects:
                         flow.positions.setdefault(subject, replica.position(subject))
-            SessionStore.of(engine).mark(self)
+            SessionStore.of(engine).write(self)  # now: every worker is to keep what it subscribed to
         for options, subjects in retained:
             for subject in subjects:
                 frame = engine.snapshot_frame(subject)

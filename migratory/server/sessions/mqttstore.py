@@ -8,9 +8,16 @@ client that comes back anywhere, after its connection or its whole member died, 
 session, resubscribes, and gets from the subjects' caches what it had not acknowledged
 (docs/mqtt.md, "Sessions"). The record also names its owner, the connection holding it: every
 worker hears each record (:attr:`Engine.watch`), and a live connection whose client id was
-claimed by a newer connection elsewhere is closed (session takeover, MQTT 3.1.4-3).
+claimed by a newer connection elsewhere is closed (session takeover, MQTT 3.1.4-3). A clean
+session has no record: its connection announces its client id on a claim subject
+(``/migratory/mqtt/t<shard>``), and an older connection with that id on another worker or member
+closes when it hears it.
 
 No new replication, no new store: what the issue asked ("no second snapshot store").
+
+Where the replica caches nothing (a single node, a Standard cluster), every worker still caches
+the subjects the QoS 1 subscriptions of stored sessions want (:class:`Wanted`), so a session
+away recovers the messages it missed, as a Mosquitto session's queue would hold them.
 """
 
 from __future__ import annotations
@@ -18,15 +25,17 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from migratory.message import QoS
-from migratory.replica import Entry
 from migratory.server.engine.core import PRIVATE_PREFIX, Engine
+from migratory.topics import Pattern, TopicError, parse_filter, pattern_matches
 
-__all__ = ["PREFIX", "Record", "SessionStore", "record_subject"]
+__all__ = ["PREFIX", "Record", "SessionStore", "Wanted", "record_subject"]
 
 PREFIX = PRIVATE_PREFIX
 WRITE_DELAY = 0.02
@@ -36,6 +45,14 @@ WRITE_DELAY = 0.02
 def record_subject(client_id: str) -> str:
     encoded = base64.urlsafe_b64encode(client_id.encode()).decode().rstrip("=")
     return f"{PREFIX}c{encoded}"  # the "c": a subject segment is never empty, even for odd ids
+
+
+CLAIM_SHARDS = 16
+"""Claim subjects: one coordinator need not number every clean connection of the cluster."""
+
+
+def claim_subject(client_id: str) -> str:
+    return f"{PREFIX}t{zlib.crc32(client_id.encode()) % CLAIM_SHARDS}"
 
 
 def _client_id(subject: str) -> str | None:
@@ -95,6 +112,97 @@ class Record:
         return not self.open and now - self.at > self.expiry
 
 
+class Wanted:
+    """The subjects this worker's replica keeps for stored sessions: their QoS 1 filters, by session.
+
+    Filled from every record this worker hears (its own, other workers', other members'). A
+    record of a session that has ended, or that expired while away, wants nothing.
+    """
+
+    SWEEP = 60.0
+    """Seconds between looks for sessions that expired away (their records stay as they were)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.replica = engine.replica
+        self.by_session: dict[str, tuple[float, frozenset[str]]] = {}  # client id -> (expires at, filters)
+        self.holders: dict[str, int] = {}  # filter -> sessions that want it
+        self.patterns: dict[str, Pattern] = {}  # wildcard filter -> its pattern
+        self._swept = 0.0
+        self.replica.wants = self._matches
+
+    def heard(self, client_id: str, record: Record | None, now: float) -> None:
+        """A session's record as it now stands (None: ended)."""
+        wanted: frozenset[str] = frozenset()
+        expires = float("inf")
+        if record is not None and record.expiry:
+            wanted = frozenset(text for text, qos, _, _ in record.subs if qos)
+            if not record.open:
+                expires = record.at + record.expiry
+        before = self.by_session.pop(client_id, (0.0, frozenset()))[1]
+        if wanted:
+            self.by_session[client_id] = (expires, wanted)
+        for text in wanted - before:
+            self._add(text)
+        for text in before - wanted:
+            self._remove(text)
+
+    def tick(self) -> None:
+        """Every second (the engine's tick): once a minute, forget the sessions that expired away."""
+        now = time.time()
+        if now - self._swept < self.SWEEP:
+            return
+        self._swept = now
+        for gone in [c for c, (at, _) in self.by_session.items() if at < now]:
+            for text in self.by_session.pop(gone)[1]:
+                self._remove(text)
+
+    def _add(self, text: str) -> None:
+        count = self.holders.get(text, 0)
+        self.holders[text] = count + 1
+        if count:
+            return
+        try:
+            filt = parse_filter(text)
+        except TopicError:
+            return
+        if filt.subject is not None:
+            self.replica.keep(filt.subject, True)
+        else:
+            assert filt.pattern is not None
+            self.patterns[text] = filt.pattern
+            for subject in self.replica.subjects():
+                if pattern_matches(filt.pattern, subject[1:].split("/")):
+                    self.replica.keep(subject, True)
+
+    def _remove(self, text: str) -> None:
+        count = self.holders.get(text, 0) - 1
+        if count > 0:
+            self.holders[text] = count
+            return
+        self.holders.pop(text, None)
+        pattern = self.patterns.pop(text, None)
+        if pattern is None:
+            try:
+                filt = parse_filter(text)
+            except TopicError:
+                return
+            subjects = [filt.subject] if filt.subject is not None else []
+        else:
+            subjects = [s for s in self.replica.kept() if pattern_matches(pattern, s[1:].split("/"))]
+        for subject in subjects:
+            if not self._matches(subject):
+                self.replica.keep(subject, False)
+
+    def _matches(self, subject: str) -> bool:
+        """Whether a filter some stored session holds matches ``subject``."""
+        if subject[1:] in self.holders:
+            return True
+        if not self.patterns:
+            return False
+        levels = subject[1:].split("/")
+        return any(pattern_matches(pattern, levels) for pattern in self.patterns.values())
+
+
 class Holder(Protocol):
     """What the store needs of a connection (migratory/server/sessions/mqtt.py implements it)."""
 
@@ -121,7 +229,15 @@ class SessionStore:
         self.live: dict[str, Holder] = {}
         self._dirty: dict[str, Holder] = {}
         self._armed = False
+        # what the replica keeps for stored sessions, where it caches nothing else
+        self.wanted = Wanted(engine) if not engine.replica.cache_size and engine.replica.keep_size else None
         engine.watch = (PREFIX, self._on_record)
+        if self.wanted is not None:  # the records already here (a worker that started after them)
+            engine.on_tick.append(self.wanted.tick)
+            for subject in engine.replica.subjects():
+                if subject.startswith(PREFIX):
+                    snapshot = engine.replica.get(subject)
+                    self._on_record(subject, snapshot.content if snapshot is not None else b"")
 
     _stores: dict[int, SessionStore] = {}
 
@@ -144,12 +260,15 @@ class SessionStore:
         self.live[holder.client_id] = holder
         self.write(holder)
 
-    def register(self, holder: Holder) -> None:
-        """A clean session: known here for a local takeover, nothing written."""
+    def register(self, holder: Holder, *, announce: bool = True) -> None:
+        """A clean session: no record; its client id announced, for the other workers' and members' takeover."""
         previous = self.live.get(holder.client_id)
         if previous is not None and previous is not holder:
             previous.taken_over()
         self.live[holder.client_id] = holder
+        if announce:
+            claim = json.dumps([holder.client_id, holder.owner, holder.since], separators=(",", ":")).encode()
+            self.engine.publish_internal(claim_subject(holder.client_id), claim, {}, QoS.STANDARD)
 
     def release(self, holder: Holder, record: Record | None, *, write: bool) -> None:
         """The connection ended: its last word (the session kept, or emptied), unless it was taken over."""
@@ -157,6 +276,7 @@ class SessionStore:
             del self.live[holder.client_id]
             self._dirty.pop(holder.client_id, None)
             if write:
+                self._heard_here(holder.client_id, record)
                 self._publish(holder.client_id, record.encode() if record is not None else b"")
 
     def forget(self, client_id: str) -> None:
@@ -176,7 +296,13 @@ class SessionStore:
         self._dirty.pop(holder.client_id, None)
         record = holder.record()
         if record is not None:
+            self._heard_here(holder.client_id, record)
             self._publish(holder.client_id, record.encode())
+
+    def _heard_here(self, client_id: str, record: Record | None) -> None:
+        """This worker keeps what a session wants at once, not when its record comes back from the coordinator."""
+        if self.wanted is not None:
+            self.wanted.heard(client_id, record, time.time())
 
     def _flush(self) -> None:
         self._armed = False
@@ -188,18 +314,50 @@ class SessionStore:
     def _publish(self, client_id: str, content: bytes, reply: Callable[[Any], None] | None = None) -> None:
         self.engine.publish_internal(record_subject(client_id), content, {}, QoS.GUARANTEED, reply)
 
-    def _on_record(self, subject: str, entry: Entry) -> None:
-        """Any worker's record reached this one: a newer owner elsewhere takes the session from ours."""
-        if not self.live:
+    def _on_record(self, subject: str, content: bytes) -> None:
+        """Any worker's record reached this one: what it wants kept; a newer owner elsewhere takes the session."""
+        if subject[len(PREFIX)] == "t":
+            self._on_claim(content)
+            return
+        wanted = self.wanted
+        if wanted is None and not self.live:
             return
         client_id = _client_id(subject)
-        holder = self.live.get(client_id) if client_id is not None else None
+        if client_id is None:
+            return
+        record = Record.decode(content)
+        if wanted is not None:
+            wanted.heard(client_id, record, time.time())
+        holder = self.live.get(client_id)
         if holder is None:
             return
-        record = Record.decode(entry.content)
         if record is None or record.owner == holder.owner:
             return
         if (record.since, record.owner) > (holder.since, holder.owner) and record.open:
-            del self.live[holder.client_id]
-            self._dirty.pop(holder.client_id, None)
-            holder.taken_over()
+            self._take_over(holder)
+
+    def _on_claim(self, content: bytes) -> None:
+        """A clean connection elsewhere took a client id: an older connection here with it ends."""
+        if not self.live:
+            return
+        try:
+            client_id, owner, since = json.loads(content)
+            holder = self.live.get(str(client_id))
+            newer = (
+                holder is not None
+                and holder.owner != owner
+                and (float(since), str(owner))
+                > (
+                    holder.since,
+                    holder.owner,
+                )
+            )
+        except (ValueError, TypeError):
+            return
+        if newer and holder is not None:
+            self._take_over(holder)
+
+    def _take_over(self, holder: Holder) -> None:
+        del self.live[holder.client_id]
+        self._dirty.pop(holder.client_id, None)
+        holder.taken_over()
