@@ -11,8 +11,10 @@ import pytest
 
 from migratory import protocol as p
 from migratory.bench.loader import bucket_of, bucket_upper_ns
+from migratory.bench.roaming import RoamingCodec, RoamState
 from migratory.bench.runner import BenchConfig, run
 from migratory.bench.wire import TARGETS, MqttCodec, NatsCodec, StreamCodec
+from migratory.websocket import OP_BINARY, build_frame
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -238,3 +240,34 @@ def test_a_refused_publication_is_not_waited_for() -> None:
     assert codec.unpublished == {"/bench/s0": 2}
     assert _deliverable(report, codec, {"/bench/s0": 10, "/bench/s1": 5}) == 80
     assert sum(codec.refused.values()) == 3
+
+
+def test_a_roaming_client_counts_every_skipped_or_repeated_message() -> None:
+    """roaming.py's check: a seq that skips is a message lost, one seen again a duplicate, a snapshot only
+    sets the position, a NOTIFY_DATA_RESYNC is counted and lets the snapshot that follows reposition."""
+    state = RoamState()
+    positions: dict[str, tuple[int, int]] = {}
+    codec = RoamingCodec(state, positions)
+    codec.ready = True  # past the upgrade
+
+    def delivery(seq: int, *, snapshot: bool = False, recovered: bool = False, epoch: int = 1) -> bytes:
+        stamp = (0).to_bytes(8, "big")
+        message = p.encode_delivery("/s", stamp, {}, seq, epoch, snapshot=snapshot, recovered=recovered)
+        return build_frame(OP_BINARY, message)
+
+    live, _ = codec.deliveries(delivery(4, snapshot=True) + delivery(5) + delivery(6, epoch=2))
+    assert [f.seq for f in live] == [5, 6] and (state.gaps, state.duplicates) == (0, 0)  # a new epoch continues
+    live, _ = codec.deliveries(delivery(6) + delivery(9))
+    assert [f.seq for f in live] == [9] and (state.duplicates, state.gaps) == (1, 2)
+    assert positions["/s"] == (1, 9)
+    # after a reconnection: recovered messages are checked and counted, not timed; DATA_SYNC ends the recovery
+    resumed = RoamingCodec(state, positions)
+    resumed.ready = True
+    hello = resumed.after_upgrade(["/s"])
+    assert resumed.pending_sync == 1 and hello  # resubscribed with the position
+    sync = build_frame(OP_BINARY, p.encode_notify(p.NotifyCode.DATA_SYNC, "/s"))
+    live, _ = resumed.deliveries(delivery(10, recovered=True) + sync)
+    assert live == [] and state.recovered == 1 and state.synced == 1 and resumed.pending_sync == 0
+    resync = build_frame(OP_BINARY, p.encode_notify(p.NotifyCode.DATA_RESYNC, "/s"))
+    resumed.deliveries(resync + delivery(20, snapshot=True) + delivery(21))
+    assert state.resyncs == 1 and state.gaps == 2 and positions["/s"] == (1, 21)

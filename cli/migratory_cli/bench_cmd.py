@@ -64,9 +64,39 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
         "timeline (UTC): connected, publishing, drained, closed",
         lambda r: ", ".join(r.timeline[k][11:23] for k in _PHASES if k in r.timeline) or "-",
     ),
+    ("failover: displaced clients, reconnect failures", lambda r: _failover(r, "displaced", "reconnect_failures")),
+    ("failover: back p50 / p99 / max (ms)", lambda r: _failover_ms(r, "back_ms")),
+    ("failover: recovered p50 / p99 / max (ms)", lambda r: _failover_ms(r, "recovered_ms")),
+    (
+        "failover: messages recovered, skipped, twice, resyncs",
+        lambda r: _failover(r, "recovered", "gaps", "duplicates", "resyncs"),
+    ),
+    (
+        "failover: survivors' PSS after the storm (MB), processes",
+        lambda r: _failover(r, "survivor_pss_mb", "survivor_processes"),
+    ),
+    (
+        "failover: latency p50 / p99 / max (ms) before, storm, after, rejoin",
+        lambda r: (
+            " | ".join(
+                " / ".join(f"{h.get(k, 0):g}" for k in ("p50", "p99", "max"))
+                for h in r.failover.get("latency_ms_by_phase", {}).values()
+            )
+            or "-"
+        ),
+    ),
     ("errors", lambda r: escape("; ".join(r.errors)) or "none"),  # server text: never read as markup
     ("cluster members' warnings", lambda r: escape("; ".join(r.member_warnings)) or "none"),
 ]
+
+
+def _failover(report: Report, *keys: str) -> str:
+    return ", ".join(f"{report.failover.get(k, 0):,}" for k in keys) if report.failover else "-"
+
+
+def _failover_ms(report: Report, key: str) -> str:
+    h = report.failover.get(key, {}) if report.failover else {}
+    return " / ".join(f"{h.get(k, 0):g}" for k in ("p50", "p99", "max")) if h else "-"
 
 
 def _table(reports: list[Report]) -> Table:
@@ -160,7 +190,9 @@ def run_cmd(
     preset: str | None = typer.Option(
         None,
         help="A named workload: seed-10m (1,000,000 clients, one subject of 10,000 each, a 512-byte message a "
-        "minute each, held 10 minutes; with --clients N, the same shape for N). Other options override it.",
+        "minute each, held 10 minutes; with --clients N, the same shape for N); seed-10m-failover (the same "
+        "over 2 Guaranteed members, one SIGKILLed and restarted under the load, every client's sequence "
+        "checked). Other options override it.",
     ),
     clients: int | None = typer.Option(None, help="Concurrent client connections [default: 1000]."),
     subjects: int | None = typer.Option(None, help="Distinct subjects [default: 1]."),
@@ -174,6 +206,12 @@ def run_cmd(
     ),
     hold: float | None = typer.Option(None, help="Seconds to publish at --rate (sets --messages to rate x hold)."),
     burst: int = typer.Option(50, help="Burst size in closed-loop mode."),
+    kill_after: float | None = typer.Option(
+        None, help="Failover: seconds into publishing to SIGKILL member 1 (its clients fail over) [preset's]."
+    ),
+    restart_after: float | None = typer.Option(
+        None, help="Failover: seconds into publishing to restart member 1 (0: never) [preset's]."
+    ),
     processes: int | None = typer.Option(None, help="Load-generator processes [default: 2]."),
     sources: str | None = typer.Option(None, help="Source addresses, e.g. 127.0.0.2-127.0.0.8 [default: 127.0.0.1]."),
     server_pid: int = typer.Option(0, help="PID of the server to measure (its children too)."),
@@ -185,7 +223,9 @@ def run_cmd(
         help="With --spawn: a local cluster of this many members. The publisher is alone on the last member, "
         "the clients and --workers workers on each of the others: every delivery crosses a member link.",
     ),
-    mode: str = typer.Option("Standard", help="With --members: the cluster's ClusterDeliveryMode."),
+    mode: str | None = typer.Option(
+        None, help="With --members: the cluster's ClusterDeliveryMode [default: Standard; a failover preset's]."
+    ),
     disconnect: bool = typer.Option(False, help="Connection storm: measure memory after everyone left."),
     idle: float = typer.Option(0.0, help="Seconds to leave the connections idle before measuring memory."),
     setting: list[str] = typer.Option(
@@ -216,6 +256,8 @@ def run_cmd(
         "sources": sources,
         "workers": workers,
         "loader_poll": loader_poll,
+        "kill_after": kill_after,
+        "restart_after": restart_after,
     }
     options = dict(_RUN_DEFAULTS)
     if preset is not None:
@@ -223,6 +265,9 @@ def run_cmd(
             options.update(presets.preset(preset, clients))
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--preset") from None
+    members = max(members, int(str(options.pop("members", 1))))
+    mode = mode or str(options.pop("mode", "Standard"))
+    options.pop("mode", None)
     options.update({k: v for k, v in given.items() if v is not None})
     if hold is not None:
         options["messages"] = max(1, round(float(str(options["rate"])) * hold))
@@ -247,6 +292,8 @@ def run_cmd(
         config.settings[key.strip()] = value.strip()
     if config.target in TLS_TARGETS and not spawn and not config.ca:
         raise typer.BadParameter("--ca is needed for a TLS target that --spawn does not start")
+    if config.kill_after and members < 3:
+        raise typer.BadParameter("a failover run needs --members 3 or more (and --spawn)", param_hint="--preset")
     if members > 1:
         if not spawn or config.target != "migratory":
             raise typer.BadParameter("a cluster is spawned for the migratory target only", param_hint="--members")
@@ -255,7 +302,14 @@ def run_cmd(
         from migratory.bench import clusterbench
 
         with tempfile.TemporaryDirectory(prefix="migratory-bench-cluster-") as folder:
-            report = clusterbench.on_cluster(Path(folder), config, members, mode, publisher_apart=True)
+            try:
+                if config.kill_after:
+                    report = clusterbench.failover_at_scale(Path(folder), config, members, mode)
+                else:
+                    report = clusterbench.on_cluster(Path(folder), config, members, mode, publisher_apart=True)
+            except RuntimeError as exc:  # a member that would not start or join: its own words, no traceback
+                _console.print(f"the local cluster failed: {exc}", markup=False)
+                raise typer.Exit(1) from None
     else:
         report = _run_with_progress(config)
     _console.print(_table([report]))

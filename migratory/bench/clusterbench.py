@@ -29,7 +29,7 @@ from migratory.bench.servers import spawn
 from migratory.client import EventKind, MigratoryClient, StatusEvent
 from migratory.protocol import Status
 
-__all__ = ["FailoverTimes", "failover", "fanout", "on_cluster", "publish_latency"]
+__all__ = ["FailoverTimes", "failover", "failover_at_scale", "fanout", "on_cluster", "publish_latency"]
 
 QUIET = {"MessageLog": "false", "AccessLog": "false", "KeepAliveInterval": "3600000", "MaxPendingOutput": "64MB"}
 
@@ -70,6 +70,47 @@ def fanout(
     config.processes = max(processes, members)
     config.workers = workers
     return on_cluster(folder, config, members, mode)
+
+
+def failover_at_scale(folder: Path, config: BenchConfig, members: int = 3, mode: str = "Guaranteed") -> Report:
+    """``config``'s clients spread over the first ``members - 1`` members, which fail over when member 1 dies.
+
+    The publisher is alone on the last member (one worker: a Guaranteed cluster needs a majority of
+    three seeds, and this one keeps quorum through the kill). ``config.kill_after`` seconds into
+    publishing member 1 is SIGKILLed and its clients reconnect to the next member with their positions;
+    ``config.restart_after`` seconds in it starts again and rejoins under the load
+    (migratory/bench/roaming.py checks every client's sequence). Each serving member has
+    ``config.workers`` workers: enough for all the clients, since one of them ends up holding them all.
+    """
+    serving = members - 1
+    with LocalCluster(
+        folder,
+        members,
+        mode=mode,
+        workers=[config.workers] * serving + [1],
+        extra={**QUIET, **config.settings},
+        heartbeat_interval=500,
+        heartbeat_timeout=3000,
+    ) as cluster:
+        cluster.start_all(ready_timeout=180)
+        for index in range(members):
+            cluster.wait_view(index, set(range(members)), timeout=180)
+        publisher = cluster[members - 1]
+        config.host, config.port = publisher.host, publisher.client_port
+        config.endpoints = [(m.host, m.client_port) for m in cluster.members[:serving]]
+        # the members that survive are measured: their CPU and memory while they take the displaced clients
+        config.server_pids = [m.proc.pid for m in cluster.members[1:] if m.proc is not None]
+        config.spawn = False
+
+        def restart() -> None:
+            cluster.start(0)
+            cluster.wait_ready([0], timeout=300)
+            cluster.wait_view(0, set(range(members)), timeout=300)
+
+        report = run(config, actions={"kill": lambda: cluster.kill(0), "restart": restart})
+        report.member_warnings = _member_warnings(cluster)
+    report.target = f"migratory ({members} members, {mode}, member 1 SIGKILLed and restarted)"
+    return report
 
 
 def on_cluster(

@@ -58,6 +58,8 @@ class LoaderSpec:
     # delivery wake a process, a cost a server never pays for remote clients; the latency measured
     # includes the wait (half the interval on average), so the server is judged no better than it is.
     poll: float = 0.0
+    # every member of a cluster, for clients that fail over (roaming.py): after a drop, the next one in turn
+    endpoints: tuple[tuple[str, int], ...] = ()
 
 
 @functools.lru_cache(maxsize=4)

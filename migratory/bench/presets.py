@@ -55,7 +55,30 @@ def _seed(clients: int) -> dict[str, Any]:
     }
 
 
-PRESETS = {"seed-10m": (1_000_000, _seed)}
+FAILOVER_KILL_AFTER = 120.0
+FAILOVER_RESTART_AFTER = 300.0
+FAILOVER_HOLD = 480.0
+
+
+def _seed_failover(clients: int) -> dict[str, Any]:
+    """``seed-10m`` through a member's death: 2 members of a Guaranteed cluster share the clients (a third,
+    with one worker, holds the publisher and the third seed's vote); member 1 is SIGKILLed two minutes into
+    publishing (every client has had two messages), its clients reconnect to member 2 with their positions;
+    member 1 restarts three minutes later and rejoins under the load. Each serving member has workers for
+    all the clients (one holds them all after the kill)."""
+    options = _seed(clients)
+    rate = options["rate"]
+    options.update(
+        messages=max(1, round(rate * FAILOVER_HOLD)),
+        kill_after=FAILOVER_KILL_AFTER,
+        restart_after=FAILOVER_RESTART_AFTER,
+        members=3,
+        mode="Guaranteed",
+    )
+    return options
+
+
+PRESETS = {"seed-10m": (1_000_000, _seed), "seed-10m-failover": (1_000_000, _seed_failover)}
 
 
 def preset(name: str, clients: int | None = None) -> dict[str, Any]:

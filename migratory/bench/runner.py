@@ -7,13 +7,14 @@ import multiprocessing
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
 from migratory.bench.loader import BUCKETS, LoaderSpec, bucket_upper_ns, loader_main, open_client
+from migratory.bench.roaming import roamer_main
 from migratory.bench.servers import MultiMeter, ProcessMeter, SpawnedServer, spawn
 from migratory.bench.wire import TLS_TARGETS, Codec, base_target, codec_for
 
@@ -55,6 +56,10 @@ class BenchConfig:
     settings: dict[str, str] = field(default_factory=dict)  # extra configuration of a spawned migratory server
     ca: str = ""  # a TLS target's CA file (set by --spawn, which makes a test CA)
     loader_poll: float = 0.0  # seconds between the loaders' reads once subscribed (LoaderSpec.poll); 0: on each
+    # failover (roaming clients, migratory/bench/roaming.py): seconds after publishing starts to run the
+    # "kill" action (a member's SIGKILL) and the "restart" action (the same member back); 0: never
+    kill_after: float = 0.0
+    restart_after: float = 0.0
 
 
 @dataclass
@@ -101,6 +106,8 @@ class Report:
     # a local cluster: what its members logged at WARNING or worse (a dropped member link, a stalled
     # process), the teardown included; context for the figures, not a failure of the run by itself
     member_warnings: list[str] = field(default_factory=list)
+    # a failover run: the displaced clients' outage, latency by phase, sequence checks (roaming.py)
+    failover: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,8 +184,14 @@ class _Publisher(asyncio.Protocol):
             self.ready.set_result(None)
 
 
-def run(config: BenchConfig, progress: Progress | None = None) -> Report:
-    """Run the workload and return its report (spawning the server when asked)."""
+Actions = Mapping[str, Callable[[], None]]
+
+
+def run(config: BenchConfig, progress: Progress | None = None, actions: Actions | None = None) -> Report:
+    """Run the workload and return its report (spawning the server when asked).
+
+    ``actions``: what ``kill_after`` and ``restart_after`` do ("kill", "restart"), in a thread.
+    """
     notify: Progress = progress or (lambda phase, values: None)
     server: SpawnedServer | None = None
     if config.spawn:
@@ -189,7 +202,7 @@ def run(config: BenchConfig, progress: Progress | None = None) -> Report:
     if config.target in TLS_TARGETS and not config.ca:
         raise ValueError(f"{config.target}: give the CA file that its certificate is checked against (--ca)")
     try:
-        return _run(config, notify)
+        return _run(config, notify, actions or {})
     finally:
         if server is not None:
             server.stop()
@@ -200,7 +213,7 @@ def _utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def _run(config: BenchConfig, notify: Progress) -> Report:
+def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
     report = Report(
         config.target, config.clients, config.subjects, config.subjects_per_client, config.size, config.rate
     )
@@ -216,6 +229,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
     context = multiprocessing.get_context("fork")
     report.sockstat_before = sockstat()
     per_process = [range(i, config.clients, config.processes) for i in range(config.processes)]
+    roaming = bool(config.kill_after)
     loaders = []
     started = time.monotonic()
     report.timeline["started"] = _utc_now()
@@ -234,8 +248,10 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             ca=config.ca,
             sources=tuple(config.sources[index :: config.processes]),  # more addresses than loaders: shared out
             poll=config.loader_poll,
+            endpoints=tuple(config.endpoints),
         )
-        proc = context.Process(target=loader_main, args=(spec, child), daemon=True)
+        main = roamer_main if roaming else loader_main
+        proc = context.Process(target=main, args=(spec, child), daemon=True)
         proc.start()
         loaders.append((proc, parent))
     reasons: dict[str, int] = {}
@@ -256,6 +272,7 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
     max_ns = [0] * len(loaders)
     sum_ns = [0] * len(loaders)
     loader_cpu = [0.0] * len(loaders)
+    roams: list[dict[str, Any]] = [{} for _ in loaders]
 
     def poll() -> int:
         for i, (_, pipe) in enumerate(loaders):
@@ -263,7 +280,16 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
                 message = pipe.recv()
                 if message[0] == "stats":
                     delivered[i], histograms[i], max_ns[i], sum_ns[i], loader_cpu[i] = message[1:6]
+                elif message[0] == "roam":
+                    delivered[i], _, loader_cpu[i], roams[i] = message[1:5]
         return sum(delivered)
+
+    def phase(name: str) -> None:
+        """Tell the roaming loaders a phase began (they keep live latencies per phase)."""
+        at = time.time_ns()
+        report.timeline[name] = _utc_now()
+        for _, pipe in loaders:
+            pipe.send(("phase", name, at))
 
     report.sockstat_connected = sockstat()
     if meter is not None:
@@ -293,7 +319,8 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
         cpu_before = meter.cpu_split() if meter is not None else (0.0, 0.0)
         publish_started = time.monotonic()
         report.timeline["publishing"] = _utc_now()
-        asyncio.run(_publish(config, report, subscribers, poll, notify))
+        control = _FaultControl(config, actions, phase, roams, notify) if roaming else None
+        asyncio.run(_publish(config, report, subscribers, poll, notify, control))
         deadline = time.monotonic() + config.drain_timeout
         while poll() < report.expected_deliveries and time.monotonic() < deadline:
             notify("drain", {"delivered": sum(delivered), "expected": report.expected_deliveries})
@@ -312,10 +339,18 @@ def _run(config: BenchConfig, notify: Progress) -> Report:
             report.server_cpu_system_seconds = round(system - cpu_before[1], 3)
             if report.delivered:
                 report.server_cpu_us_per_delivery = round(report.server_cpu_seconds * 1e6 / report.delivered, 3)
-        merged = [sum(h[i] for h in histograms) for i in range(BUCKETS)]
-        report.latency_ms = _percentiles(merged, max(max_ns))
-        report.latency_ms["mean"] = round(sum(sum_ns) / max(sum(delivered), 1) / 1e6, 3)
-        if report.delivered != report.expected_deliveries:
+        if roaming:
+            poll()
+            _failover_report(report, roams, control, meter)
+        else:
+            merged = [sum(h[i] for h in histograms) for i in range(BUCKETS)]
+            report.latency_ms = _percentiles(merged, max(max_ns))
+            report.latency_ms["mean"] = round(sum(sum_ns) / max(sum(delivered), 1) / 1e6, 3)
+        if report.delivered < report.expected_deliveries or (
+            report.delivered > report.expected_deliveries and not roaming
+        ):
+            # a roaming run may deliver more: a publication answered FAILED in the failover may still have been
+            # numbered (its clients check every seq instead)
             report.errors.append(f"delivered {report.delivered} of {report.expected_deliveries} messages")
     report.timeline["stopping"] = _utc_now()
     for _, pipe in loaders:
@@ -346,8 +381,126 @@ def _deliverable(report: Report, codec: object, subscribers: dict[str, int]) -> 
     return report.expected_deliveries - sum(subscribers.get(s, 0) * n for s, n in unpublished.items())
 
 
+class _FaultControl:
+    """Runs the kill and the restart of a failover run at their times, and names the phases."""
+
+    def __init__(
+        self,
+        config: BenchConfig,
+        actions: Actions,
+        phase: Callable[[str], None],
+        roams: list[dict[str, Any]],
+        notify: Progress,
+    ) -> None:
+        self.config = config
+        self.actions = actions
+        self.phase = phase
+        self.roams = roams
+        self.notify = notify
+        self.killed_at = 0.0  # loop time
+        self.recovered_at = 0.0
+        self.restarted_at = 0.0
+        self.restart_seconds = 0.0
+        self.pending: asyncio.Future[None] | None = None
+
+    def lost_and_synced(self) -> tuple[int, int]:
+        lost = sum(r.get("lost", 0) for r in self.roams)
+        synced = sum(r["back_synced"][1] for r in self.roams if r)
+        return lost, synced
+
+    async def tick(self, elapsed: float) -> None:
+        loop = asyncio.get_running_loop()
+        config = self.config
+        if not self.killed_at and elapsed >= config.kill_after and "kill" in self.actions:
+            self.phase("storm")
+            await asyncio.sleep(0.2)  # every loader knows the storm's start before its clients see the drop
+            self.killed_at = loop.time()
+            await loop.run_in_executor(None, self.actions["kill"])
+        elif self.killed_at and not self.recovered_at:
+            lost, synced = self.lost_and_synced()
+            if lost and synced >= lost:
+                self.recovered_at = loop.time()
+                self.phase("after")
+        if (
+            self.killed_at
+            and not self.restarted_at
+            and config.restart_after
+            and elapsed >= config.restart_after
+            and "restart" in self.actions
+        ):
+            self.phase("rejoin")
+            self.restarted_at = loop.time()
+            self.pending = asyncio.ensure_future(loop.run_in_executor(None, self.actions["restart"]))
+
+    async def done(self) -> None:
+        if self.pending is not None:
+            await self.pending
+            self.restart_seconds = asyncio.get_running_loop().time() - self.restarted_at
+
+
+def _hist_ms(h: list[Any]) -> dict[str, float]:
+    """Percentiles (ms) of a roaming loader's merged histogram ``[buckets, count, sum_ns, max_ns]``."""
+    buckets, count, total, top = h
+    out = _percentiles(buckets, top) if count else {}
+    out["count"] = count
+    if count:
+        out["mean"] = round(total / count / 1e6, 3)
+    return out
+
+
+def _merge_hists(hists: list[list[Any]]) -> list[Any]:
+    return [
+        [sum(h[0][i] for h in hists) for i in range(BUCKETS)],
+        sum(h[1] for h in hists),
+        sum(h[2] for h in hists),
+        max((h[3] for h in hists), default=0),
+    ]
+
+
+def _failover_report(
+    report: Report, roams: list[dict[str, Any]], control: _FaultControl | None, meter: ProcessMeter | MultiMeter | None
+) -> None:
+    roams = [r for r in roams if r]
+    phases: dict[str, list[list[Any]]] = {}
+    for r in roams:
+        for name, h in r["latency"].items():
+            phases.setdefault(name, []).append(h)
+    every = _merge_hists([h for hs in phases.values() for h in hs])
+    report.latency_ms = _hist_ms(every)
+    counts = {k: sum(r[k] for r in roams) for k in ("recovered", "gaps", "duplicates", "resyncs", "synced", "lost")}
+    failover: dict[str, Any] = {
+        "displaced": counts["lost"],
+        **counts,
+        "reconnect_failures": sum(r["reconnect_failures"] for r in roams),
+        "back_ms": _hist_ms(_merge_hists([r["back"] for r in roams])),
+        "recovered_ms": _hist_ms(_merge_hists([r["back_synced"] for r in roams])),
+        "latency_ms_by_phase": {name: _hist_ms(_merge_hists(hs)) for name, hs in phases.items()},
+        "examples": [e for r in roams for e in r["examples"]][:10],
+    }
+    if control is not None:
+        failover["storm_seconds"] = round(control.recovered_at - control.killed_at, 3) if control.recovered_at else None
+        failover["restart_seconds"] = round(control.restart_seconds, 3) if control.restarted_at else None
+    if meter is not None:
+        failover["survivor_pss_mb"] = round(meter.pss_bytes() / 2**20, 1)
+        failover["survivor_processes"] = meter.processes()
+    report.failover = failover
+    if counts["gaps"] or counts["duplicates"] or counts["resyncs"]:
+        report.errors.append(
+            f"clients saw {counts['gaps']} messages skipped, {counts['duplicates']} twice and "
+            f"{counts['resyncs']} NOTIFY_DATA_RESYNC: {'; '.join(failover['examples'][:3])}"
+        )
+    if control is not None and counts["lost"] and not control.recovered_at:
+        lost, synced = control.lost_and_synced()
+        report.errors.append(f"{lost - synced} of {lost} displaced clients never recovered")
+
+
 async def _publish(
-    config: BenchConfig, report: Report, subscribers: dict[str, int], poll: Callable[[], int], notify: Progress
+    config: BenchConfig,
+    report: Report,
+    subscribers: dict[str, int],
+    poll: Callable[[], int],
+    notify: Progress,
+    control: _FaultControl | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     codec = codec_for(base_target(config.target))  # migratory-stream: its subscribers stream, the publisher does not
@@ -383,8 +536,18 @@ async def _publish(
             drained = now
             poll()
             notify("publish", {"published": report.published, "messages": config.messages})
+            if control is not None:
+                await control.tick(now - start)
+    if control is not None:
+        while control.killed_at and not control.recovered_at and loop.time() - control.killed_at < config.drain_timeout:
+            poll()
+            await control.tick(loop.time() - start)
+            await asyncio.sleep(0.05)
+        await control.done()
     await asyncio.sleep(0.5)  # the last answers
     transport.close()
     for why, count in getattr(codec, "refused", {}).items():
+        if control is not None and why.startswith("NO_SUBSCRIBER"):
+            continue  # every subscriber of the subject was away in the storm: numbered and recovered all the same
         report.errors.append(f"{count} publications answered {why}")
     report.expected_deliveries = _deliverable(report, codec, subscribers)  # the drain waits for these only

@@ -1,0 +1,370 @@
+"""Load-generator clients that survive a member's death: they reconnect elsewhere and recover.
+
+``migratory bench run --preset seed-10m-failover`` (issue 35): each client keeps the
+position (epoch, seq) of every subject it follows, checks that each message continues
+it (a seq skipped is a message lost, a seq seen again a duplicate), and when its
+connection drops it reconnects to the next member that answers and resubscribes with
+its positions, as the product's client libraries do (docs/clients.md). It then gets
+what it missed, flagged recovered, and NOTIFY_DATA_SYNC (or NOTIFY_DATA_RESYNC and the
+snapshot, when the member could not recover the gap: counted, never hidden).
+
+The parent process steers phases (``("phase", name, unix_ns)``): live latencies are kept
+per phase (before the fault, during the reconnect storm, after it, after the member's
+rejoin), and a client's outage is measured from the ``storm`` phase's start (the SIGKILL):
+until it is connected and subscribed again (``back``) and until its recovery ended
+(``synced``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import resource
+import socket
+import ssl
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any, cast
+
+from migratory import protocol as p
+from migratory.bench.loader import BUCKETS, IP_BIND_ADDRESS_NO_PORT, LoaderSpec, bucket_of, open_client
+from migratory.bench.wire import MigratoryCodec, _mask
+
+__all__ = ["RoamingCodec", "roamer_main"]
+
+BACKOFF_FIRST = 0.5
+"""Seconds of random spread before a dropped client's first reconnection (the client libraries jitter)."""
+BACKOFF_MAX = 5.0
+
+
+class Histogram:
+    """A latency histogram (the loaders' log buckets) with its count, sum and maximum."""
+
+    __slots__ = ("buckets", "count", "max_ns", "sum_ns")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * BUCKETS
+        self.count = 0
+        self.sum_ns = 0
+        self.max_ns = 0
+
+    def add(self, ns: int) -> None:
+        ns = max(ns, 0)
+        self.buckets[bucket_of(ns)] += 1
+        self.count += 1
+        self.sum_ns += ns
+        if ns > self.max_ns:
+            self.max_ns = ns
+
+    def as_list(self) -> list[Any]:
+        return [self.buckets, self.count, self.sum_ns, self.max_ns]
+
+
+class RoamState:
+    """What one loader process counts, sent to the parent with its stats."""
+
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.recovered = 0  # messages flagged recovered (what clients missed while away)
+        self.gaps = 0  # messages skipped: a seq jumped with no NOTIFY_DATA_RESYNC
+        self.duplicates = 0  # a seq seen again
+        self.resyncs = 0  # NOTIFY_DATA_RESYNC: the member could not recover the gap
+        self.synced = 0  # NOTIFY_DATA_SYNC after a resubscription
+        self.lost = 0  # connections that dropped (the clients of the killed member)
+        self.reconnect_failures = 0
+        self.errors = 0
+        self.reasons: dict[str, int] = {}
+        self.phase = "before"
+        self.fault_ns = 0  # when the storm began (the SIGKILL), from the parent
+        self.latency: dict[str, Histogram] = {"before": Histogram()}
+        self.back = Histogram()  # fault -> connected and subscribed again
+        self.back_synced = Histogram()  # fault -> recovery done (DATA_SYNC or the snapshot after a RESYNC)
+        self.examples: list[str] = []  # the first few violations, for the report
+        self.stopping = False
+
+    def violation(self, text: str) -> None:
+        if len(self.examples) < 5:
+            self.examples.append(text)
+
+    def as_tuple(self, cpu: float) -> tuple[Any, ...]:
+        live = sum(h.count for h in self.latency.values())
+        return (
+            "roam",
+            self.delivered,
+            live,
+            cpu,
+            {
+                "recovered": self.recovered,
+                "gaps": self.gaps,
+                "duplicates": self.duplicates,
+                "resyncs": self.resyncs,
+                "synced": self.synced,
+                "lost": self.lost,
+                "reconnect_failures": self.reconnect_failures,
+                "latency": {phase: h.as_list() for phase, h in self.latency.items()},
+                "back": self.back.as_list(),
+                "back_synced": self.back_synced.as_list(),
+                "examples": list(self.examples),
+            },
+        )
+
+
+class RoamingCodec(MigratoryCodec):
+    """The native protocol, keeping each subject's position and checking every message against it."""
+
+    def __init__(self, state: RoamState, positions: dict[str, tuple[int, int]]) -> None:
+        super().__init__()
+        self.state = state
+        self.positions = positions
+        self.pending_sync = 0  # subjects whose recovery has not ended yet on this connection
+
+    def after_upgrade(self, subjects: Sequence[str]) -> bytes:
+        out = _mask(p.encode_connect())
+        known = [self.positions.get(s) for s in subjects]
+        if all(position is not None for position in known):
+            out += _mask(p.encode_subscribe(list(subjects), positions=cast(list[tuple[int, int]], known)))
+            self.pending_sync = len(subjects)
+        elif subjects:
+            out += _mask(p.encode_subscribe(list(subjects)))
+        return out
+
+    def deliveries(self, data: bytes) -> tuple[list[p.Delivery], bytes]:
+        """Live messages (checked and positioned), and bytes to answer; recovery is handled here."""
+        frames, pong = self.frames(data)
+        live: list[p.Delivery] = []
+        state = self.state
+        for opcode, payload in frames:
+            if opcode != 0x2 or not payload:
+                continue
+            op = payload[0]
+            if op == p.Op.MESSAGE:
+                frame = p.decode_server(payload)
+                assert isinstance(frame, p.Delivery)
+                if self._check(frame) and not frame.snapshot and not frame.recovered:
+                    live.append(frame)
+            elif op == p.Op.NOTIFY:
+                notice = p.decode_server(payload)
+                assert isinstance(notice, p.Notify)
+                if notice.code is p.NotifyCode.DATA_SYNC:
+                    state.synced += 1
+                else:
+                    state.resyncs += 1
+                    state.violation(f"NOTIFY_DATA_RESYNC for {notice.subject}")
+                    self.positions.pop(notice.subject, None)  # the snapshot that follows sets it
+                self.pending_sync = max(0, self.pending_sync - 1)
+            elif op == p.Op.SUBSCRIBE_STATUS and payload[1] == p.Status.OK:
+                self.subscribed += 1
+        return live, pong
+
+    def _check(self, frame: p.Delivery) -> bool:
+        """Whether ``frame`` is new; counts a skipped or repeated seq (snapshots only set the position)."""
+        state = self.state
+        subject = frame.subject
+        known = self.positions.get(subject)
+        self.positions[subject] = (frame.epoch, frame.seq)
+        if frame.snapshot:
+            return False
+        state.delivered += 1
+        if frame.recovered:
+            state.recovered += 1
+        if known is None:
+            return True
+        if frame.seq <= known[1]:
+            state.duplicates += 1
+            state.violation(f"{subject}: seq {frame.seq} again (had {known[1]})")
+            self.positions[subject] = known
+            return False
+        if frame.seq != known[1] + 1:
+            state.gaps += frame.seq - known[1] - 1
+            state.violation(f"{subject}: seq {known[1]} then {frame.seq}")
+        return True
+
+
+class Roamer(asyncio.Protocol):
+    """One connection of a roaming client."""
+
+    def __init__(self, codec: RoamingCodec, want: int) -> None:
+        self.codec = codec
+        self.want = want
+        self.transport: asyncio.Transport | None = None
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.synced: asyncio.Future[None] = loop.create_future()
+        self.lost: asyncio.Future[None] = loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        codec = self.codec
+        state = codec.state
+        try:
+            live, answer = codec.deliveries(data)
+        except (ConnectionError, ValueError, p.DecodeError) as exc:
+            state.errors += 1
+            if not self.ready.done():
+                self.ready.set_exception(ConnectionError(str(exc)))
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if answer and self.transport is not None:
+            self.transport.write(answer)
+        if live:
+            now = time.time_ns()
+            histogram = state.latency[state.phase]
+            for frame in live:
+                histogram.add(now - int.from_bytes(frame.content[:8], "big"))
+        if not self.ready.done() and codec.is_ready(self.want):
+            self.ready.set_result(None)
+        if self.ready.done() and not self.synced.done() and not codec.pending_sync:
+            self.synced.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for future in (self.ready, self.synced):
+            if not future.done():
+                future.set_exception(ConnectionError(f"connection lost: {exc}"))
+                future.exception()
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+
+async def _open(
+    spec: LoaderSpec, endpoint: tuple[str, int], source: str, subjects: Sequence[str], codec: RoamingCodec
+) -> Roamer:
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind((source, 0))
+        sock.setblocking(False)
+        await loop.sock_connect(sock, endpoint)
+        transport, client = await open_client(
+            sock, spec.target, endpoint[0], spec.ca, lambda: Roamer(codec, len(subjects))
+        )
+    except BaseException:
+        sock.close()
+        raise
+    transport.write(codec.hello(endpoint[0], subjects))
+    try:
+        await asyncio.wait_for(client.ready, 60)
+    except BaseException:
+        transport.abort()
+        raise
+    return client
+
+
+async def _client(
+    spec: LoaderSpec,
+    index: int,
+    subjects: Sequence[str],
+    state: RoamState,
+    semaphore: asyncio.Semaphore,
+    first: asyncio.Future[bool],
+    transports: set[asyncio.Transport],
+) -> None:
+    """One client for the whole run: connect, follow, and after each drop reconnect to the next member."""
+    endpoints = spec.endpoints or ((spec.host, spec.port),)
+    at = index % len(endpoints)  # the clients spread evenly over the members, whatever the loader count
+    pool = spec.sources or (spec.source,)
+    source = pool[index % len(pool)]
+    positions: dict[str, tuple[int, int]] = {}
+    delay = BACKOFF_FIRST
+    dropped = False
+    while not state.stopping:
+        codec = RoamingCodec(state, positions)
+        try:
+            async with semaphore:
+                client = await _open(spec, endpoints[at], source, subjects, codec)
+        except (OSError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
+            if not first.done():
+                reason = f"{type(exc).__name__}: {exc}"[:100]
+                state.reasons[reason] = state.reasons.get(reason, 0) + 1
+                state.errors += 1
+                first.set_result(False)
+                return
+            state.reconnect_failures += 1
+            at = (at + 1) % len(endpoints)
+            await asyncio.sleep(random.uniform(0.5, 1.0) * delay)
+            delay = min(delay * 2, BACKOFF_MAX)
+            continue
+        assert client.transport is not None
+        transports.add(client.transport)
+        if not first.done():
+            first.set_result(True)
+        if dropped and state.fault_ns:
+            state.back.add(time.time_ns() - state.fault_ns)
+        try:
+            await client.synced
+            if dropped and state.fault_ns:
+                state.back_synced.add(time.time_ns() - state.fault_ns)
+        except ConnectionError:
+            pass
+        await client.lost
+        transports.discard(client.transport)
+        if state.stopping:
+            return
+        state.lost += 1
+        dropped = True
+        delay = BACKOFF_FIRST
+        at = (at + 1) % len(endpoints)
+        await asyncio.sleep(random.uniform(0.0, BACKOFF_FIRST))
+
+
+async def _run(spec: LoaderSpec, pipe: Connection) -> None:
+    state = RoamState()
+    started = time.monotonic()
+    semaphore = asyncio.Semaphore(spec.concurrency)
+    transports: set[asyncio.Transport] = set()
+    loop = asyncio.get_running_loop()
+    firsts: list[asyncio.Future[bool]] = []
+    tasks = []
+    for index, subjects in enumerate(spec.subjects):
+        first: asyncio.Future[bool] = loop.create_future()
+        firsts.append(first)
+        tasks.append(asyncio.ensure_future(_client(spec, index, subjects, state, semaphore, first, transports)))
+    results = await asyncio.gather(*firsts)
+    ok = sum(results)
+    pipe.send(("connected", ok, len(results) - ok, time.monotonic() - started, state.reasons))
+
+    def stats() -> None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        pipe.send(state.as_tuple(usage.ru_utime + usage.ru_stime))
+
+    reported = 0.0
+    while True:
+        command: Any = pipe.recv() if pipe.poll() else None
+        if command == "stop":
+            break
+        if isinstance(command, tuple) and command[0] == "phase":
+            _, name, at_ns = command
+            state.phase = name
+            state.latency.setdefault(name, Histogram())
+            if name == "storm":
+                state.fault_ns = at_ns
+        now = time.monotonic()
+        if now - reported >= 0.2:
+            reported = now
+            stats()
+        if spec.poll > 0:
+            time.sleep(spec.poll)  # as loader.py: read every socket once per interval, not on each message
+            await asyncio.sleep(0)
+        else:
+            await asyncio.sleep(0.05)
+    state.stopping = True
+    stats()
+    for transport in list(transports):
+        transport.abort()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    pipe.send(("closed", len(transports)))
+
+
+def roamer_main(spec: LoaderSpec, pipe: Connection) -> None:
+    """Entry point of a roaming loader process."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    import uvloop
+
+    uvloop.run(_run(spec, pipe))
