@@ -58,6 +58,7 @@ from migratory.bus import (
 from migratory.groups import GROUPS, Table, epoch_for, group_of, owner_of, rendezvous
 from migratory.protocol import Status
 from migratory.replica import Applied, Entry, Replica, SubjectSync
+from migratory.subjects import PRIVATE_PREFIX
 
 __all__ = ["Member", "MemberSettings", "Wire"]
 
@@ -364,7 +365,9 @@ class Member:
         self.wire.to_worker(worker, self.info())
 
     def _state_to_worker(self, worker: int) -> None:
-        self._send_state(lambda f: self.wire.to_worker(worker, f), self.replica.subjects())
+        subjects = self.replica.subjects()
+        subjects.sort(key=lambda subject: not subject.startswith(PRIVATE_PREFIX))  # what the worker is to cache
+        self._send_state(lambda f: self.wire.to_worker(worker, f), subjects)
 
     def worker_down(self, worker: int) -> None:
         self.workers.discard(worker)

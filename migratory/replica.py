@@ -207,6 +207,15 @@ class Replica:
         """Whether this replica caches ``subject``'s messages (all subjects, or one that is kept)."""
         return bool(self.cache_size) or (bool(self.keep_size) and subject in self._kept)
 
+    def holds(self, subject: str, epoch: int, seq: int) -> bool:
+        """Whether message ``(epoch, seq)`` of ``subject`` is in the cache (a recovery can send it again)."""
+        state = self._states.get(subject)
+        cache = state.cache if state is not None else None
+        if not cache:
+            return False
+        at = seq - cache[0][1].seq
+        return 0 <= at < len(cache) and cache[at][1].seq == seq and cache[at][1].epoch == epoch
+
     def _size(self, subject: str) -> int:
         return self.cache_size or (self.keep_size if subject in self._kept else 0)
 

@@ -8,7 +8,11 @@ the reasons a client sees are the same everywhere.
 
 from __future__ import annotations
 
-__all__ = ["MAX_SUBJECT_BYTES", "InvalidSubject", "check_subject", "is_valid_subject"]
+__all__ = ["MAX_SUBJECT_BYTES", "PRIVATE_PREFIX", "InvalidSubject", "check_subject", "is_valid_subject"]
+
+PRIVATE_PREFIX = "/migratory/mqtt/"
+"""The server's private state (MQTT session records and claims): no client reads or writes it, wildcards
+never match it, and a replica sends it first in a state sync (it says what the receiver is to cache)."""
 
 MAX_SUBJECT_BYTES = 1024
 

@@ -365,6 +365,28 @@ def test_a_clean_session_takes_its_client_id_over_from_another_worker(
     assert not ended.is_set()  # the last one keeps it
 
 
+def test_a_wildcard_never_reaches_the_servers_private_session_state(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """Session records and client-id claims live under /migratory/mqtt/: "#" sees none of them."""
+    _, port = mqtt_server()
+    stored = connect(clients, port, "stored-one", V311, clean=False)
+    subscribe(stored, "some/topic", 1)
+    time.sleep(0.3)  # its record is written
+    everything = Received()
+    watcher = connect(clients, port, "watcher", V5, received=everything)
+    subscribe(watcher, "#", 0)
+    connect(clients, port, "clean-one", V5)  # a claim
+    stored.disconnect()  # its record again
+    pub = connect(clients, port, "pub-one", V5)
+    pub.publish("visible/x", b"seen", qos=1).wait_for_publish(5)
+    everything.wait(1)
+    time.sleep(0.5)  # anything else that would come
+    topics = [m.topic for m in everything.items]
+    assert "visible/x" in topics
+    assert not [t for t in topics if t.startswith("migratory/mqtt")], topics
+
+
 def test_entitlement_refusals_use_the_reason_codes(
     mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
 ) -> None:

@@ -221,3 +221,27 @@ def test_a_replica_without_a_cache_keeps_the_subjects_a_stored_session_wants() -
     everything = Replica(5, 60.0, keep_size=3)  # a Guaranteed replica caches every subject: keep changes nothing
     everything.keep("/k", True)
     assert everything.kept() == set() and everything.caches("/other")
+
+
+def test_the_subjects_kept_for_stored_sessions_follow_their_latest_record() -> None:
+    """mqttstore.Wanted: a stale record coming back from its coordinator after a newer one was applied here
+    changes nothing; an ended session releases its filters; the server's private subjects are never kept."""
+    from types import SimpleNamespace
+
+    from migratory.server.sessions.mqttstore import Record, Wanted
+
+    replica = Replica(0, 60.0, keep_size=10)
+    wanted = Wanted(SimpleNamespace(replica=replica))  # type: ignore[arg-type]
+    subscribed = Record("w/1", 1.0, True, 600, 2.0, [("a/b", 1, 0, False), ("#", 1, 0, False)])
+    connected = Record("w/1", 1.0, True, 600, 1.0)  # written first, heard last
+    wanted.heard("c1", subscribed, 2.0)
+    wanted.heard("c1", connected, 2.1)
+    for subject in ("/a/b", "/x/y", "/migratory/mqtt/cYzE", "/migratory/mqtt/t3"):
+        replica.apply(subject, Entry(1, 1, b"m"), now=2.0)
+    assert replica.kept() == {"/a/b", "/x/y"}  # "#" matches every subject but the private ones
+    other = Record("w/2", 3.0, True, 600, 3.0, [("a/b", 1, 0, False)])
+    wanted.heard("c2", other, 3.0)
+    wanted.heard("c1", Record.ended("w/3", 4.0), 4.0)
+    assert replica.kept() == {"/a/b"}  # still wanted by c2
+    wanted.heard("c2", Record("w/2", 3.0, False, 600, 5.0, [("a/b", 1, 0, False)]), 700.0)  # expired away
+    assert replica.kept() == set()

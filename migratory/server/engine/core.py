@@ -57,7 +57,7 @@ from migratory.server.engine.fanout import FanOut
 from migratory.server.engine.forwards import Forwards
 from migratory.server.engine.streams import StreamRegistry
 from migratory.server.engine.timers import TimerWheel
-from migratory.server.engine.types import Client, Origin, Publisher, PublishResult, Reply, Stats
+from migratory.server.engine.types import PRIVATE_PREFIX, Client, Origin, Publisher, PublishResult, Reply, Stats
 from migratory.subjects import InvalidSubject, check_subject
 from migratory.subscriptions import (
     subject_set_add,
@@ -78,7 +78,6 @@ log = logging.getLogger("migratory.server")
 
 
 RESERVED_PREFIX = "/migratory/"
-PRIVATE_PREFIX = "/migratory/mqtt/"
 """The server's own state (MQTT session records): no client subscribes or reads a snapshot there."""
 INTERNAL = Origin("127.0.0.1", 0, "server", "internal")
 WORKER_PAUSE = 2.5  # s since the one-second tick after which a worker knows it did not run (and says not ready)
@@ -401,7 +400,11 @@ class Engine:
 
     def matching_subjects(self, pattern: tuple[str, ...]) -> list[str]:
         """The subjects with a snapshot here that ``pattern`` matches (what a wildcard subscription gets first)."""
-        return [s for s in self.replica.subjects() if pattern_matches(pattern, s[1:].split("/"))]
+        return [
+            s
+            for s in self.replica.subjects()
+            if pattern_matches(pattern, s[1:].split("/")) and not s.startswith(PRIVATE_PREFIX)
+        ]
 
     def unsubscribe(self, conn: Client, subject: str) -> bool:
         conn.subscriptions, found = subject_set_remove(conn.subscriptions, subject)

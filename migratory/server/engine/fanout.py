@@ -15,7 +15,7 @@ from collections.abc import Callable
 from migratory.conflation import ConflationBuffer, next_boundary
 from migratory.protocol import NotifyCode, encode_delivery, encode_notify
 from migratory.replica import Entry
-from migratory.server.engine.types import Client, Stats
+from migratory.server.engine.types import PRIVATE_PREFIX, Client, Stats
 from migratory.subscriptions import PatternIndex, SubscriptionIndex
 from migratory.websocket import OP_BINARY, build_frame
 
@@ -71,7 +71,7 @@ class FanOut:
     def deliver(self, subject: str, entry: Entry, guaranteed: bool) -> tuple[int, int]:
         """Queue one message for every local subscriber; return (recipients, frame size)."""
         index = self.index.get(subject)
-        matched = self.patterns.match(subject) if self.patterns else None
+        matched = self.patterns.match(subject) if self.patterns and not subject.startswith(PRIVATE_PREFIX) else None
         if index is None and not matched:
             return 0, 0
         recipients = 0
@@ -116,7 +116,7 @@ class FanOut:
     def resync(self, subject: str) -> None:
         """The subject's history was replaced: its subscribers get the snapshot, flagged as a resync."""
         index = self.index.get(subject)
-        matched = self.patterns.match(subject) if self.patterns else set()
+        matched = self.patterns.match(subject) if self.patterns and not subject.startswith(PRIVATE_PREFIX) else set()
         if index is None and not matched:
             return
         self.stats.resyncs += 1

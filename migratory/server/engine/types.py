@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from migratory.protocol import Status
+from migratory.subjects import PRIVATE_PREFIX
 from migratory.subscriptions import SubjectSet
 
-__all__ = ["Client", "Origin", "PublishResult", "Publisher", "Reply", "Stats", "Stream"]
+__all__ = ["PRIVATE_PREFIX", "Client", "Origin", "PublishResult", "Publisher", "Reply", "Stats", "Stream"]
 
 
 @dataclass(frozen=True, slots=True)

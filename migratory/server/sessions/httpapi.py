@@ -23,7 +23,8 @@ from migratory.entitlement import Decision
 from migratory.http import Request, json_response, response
 from migratory.message import Message
 from migratory.protocol import Status
-from migratory.server.engine.core import PRIVATE_PREFIX, Engine, Origin, PublishResult
+from migratory.server.engine.core import Engine, Origin, PublishResult
+from migratory.server.engine.types import PRIVATE_PREFIX
 
 __all__ = ["HttpClient", "handle"]
 

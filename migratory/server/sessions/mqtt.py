@@ -416,17 +416,18 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         store = SessionStore.of(engine)
         record = None
         unacked: dict[int, tuple[bytes, str, int, int]] = {}
+        self.started = engine.loop.time()  # from now on: when it took its client id (see since)
         if packet.clean:
-            store.forget(client_id)
+            store.forget(self)
         else:
             local = store.live.get(client_id)  # taken over on this worker: its state is newer than its record
             record = local.record() if local is not None else None
             if isinstance(local, MqttConnection) and local.flow is not None:
-                # what no cache holds (a subject not cached here): its unacknowledged QoS 1 messages move to this
-                # connection, to be sent again with DUP set; the others are recovered from the cache
-                caches = engine.replica.caches
-                unacked = {i: sent for i, sent in local.flow.inflight.items() if not caches(sent[1])}
-                unacked.update((q[0], (_dup(q[1]), q[2], q[3], q[4])) for q in local.flow.queue if not caches(q[2]))
+                # what no cache holds: its unacknowledged QoS 1 messages move to this connection, to be sent again
+                # with DUP set; the others are recovered from the cache
+                holds = engine.replica.holds
+                unacked = {i: sent for i, sent in local.flow.inflight.items() if not holds(*sent[1:])}
+                unacked.update((q[0], (_dup(q[1]), q[2], q[3], q[4])) for q in local.flow.queue if not holds(*q[2:]))
             record = record or store.load(client_id)
             if record is not None and record.expired(time.time()):
                 record = None
@@ -454,10 +455,10 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             flow.expiry = expiry
             flow.since = time.time()
             if record is not None:
-                self._resume(record)
-                for packet_id, sent in unacked.items():
+                for packet_id, sent in unacked.items():  # first: older than anything recovered, ids kept
                     flow.inflight[packet_id] = sent
                     self._queue(sent[0])
+                self._resume(record)
             store.claim(self)
         else:
             store.register(self, announce=not assigned)  # an id the server assigned is nobody else's

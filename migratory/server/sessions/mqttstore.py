@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from migratory.message import QoS
-from migratory.server.engine.core import PRIVATE_PREFIX, Engine
+from migratory.server.engine.core import Engine
+from migratory.server.engine.types import PRIVATE_PREFIX
 from migratory.topics import Pattern, TopicError, parse_filter, pattern_matches
 
 __all__ = ["PREFIX", "Record", "SessionStore", "Wanted", "record_subject"]
@@ -111,6 +112,12 @@ class Record:
     def expired(self, now: float) -> bool:
         return not self.open and now - self.at > self.expiry
 
+    @staticmethod
+    def ended(owner: str, since: float) -> Record:
+        """What an ended session leaves: a record that wants nothing, timed, so that an older one heard later
+        (another worker's write coming back through its coordinator) cannot bring the session back."""
+        return Record(owner, since, False, 0, time.time())
+
 
 class Wanted:
     """The subjects this worker's replica keeps for stored sessions: their QoS 1 filters, by session.
@@ -127,6 +134,9 @@ class Wanted:
         self.by_session: dict[str, tuple[float, frozenset[str]]] = {}  # client id -> (expires at, filters)
         self.holders: dict[str, int] = {}  # filter -> sessions that want it
         self.patterns: dict[str, Pattern] = {}  # wildcard filter -> its pattern
+        # client id -> when the record applied last was written: an older one heard later is stale (this
+        # worker applies its own writes at once; their predecessors may come back from the coordinator after)
+        self.latest: dict[str, float] = {}
         self._swept = 0.0
         self.replica.wants = self._matches
 
@@ -134,10 +144,14 @@ class Wanted:
         """A session's record as it now stands (None: ended)."""
         wanted: frozenset[str] = frozenset()
         expires = float("inf")
-        if record is not None and record.expiry:
-            wanted = frozenset(text for text, qos, _, _ in record.subs if qos)
-            if not record.open:
-                expires = record.at + record.expiry
+        if record is not None:
+            if record.at < self.latest.get(client_id, 0.0):
+                return
+            self.latest[client_id] = record.at
+            if record.expiry and not record.expired(now):
+                wanted = frozenset(text for text, qos, _, _ in record.subs if qos)
+                if not record.open:
+                    expires = record.at + record.expiry
         before = self.by_session.pop(client_id, (0.0, frozenset()))[1]
         if wanted:
             self.by_session[client_id] = (expires, wanted)
@@ -155,8 +169,12 @@ class Wanted:
         for gone in [c for c, (at, _) in self.by_session.items() if at < now]:
             for text in self.by_session.pop(gone)[1]:
                 self._remove(text)
+        horizon = now - self.SWEEP  # a stale write comes back within milliseconds, not a minute
+        for client_id in [c for c, at in self.latest.items() if at < horizon and c not in self.by_session]:
+            del self.latest[client_id]
 
     def _add(self, text: str) -> None:
+        """One more session wants filter ``text``: its subjects are kept from now on (the private ones never)."""
         count = self.holders.get(text, 0)
         self.holders[text] = count + 1
         if count:
@@ -171,7 +189,7 @@ class Wanted:
             assert filt.pattern is not None
             self.patterns[text] = filt.pattern
             for subject in self.replica.subjects():
-                if pattern_matches(filt.pattern, subject[1:].split("/")):
+                if pattern_matches(filt.pattern, subject[1:].split("/")) and not subject.startswith(PREFIX):
                     self.replica.keep(subject, True)
 
     def _remove(self, text: str) -> None:
@@ -197,7 +215,7 @@ class Wanted:
         """Whether a filter some stored session holds matches ``subject``."""
         if subject[1:] in self.holders:
             return True
-        if not self.patterns:
+        if not self.patterns or subject.startswith(PREFIX):
             return False
         levels = subject[1:].split("/")
         return any(pattern_matches(pattern, levels) for pattern in self.patterns.values())
@@ -276,14 +294,18 @@ class SessionStore:
             del self.live[holder.client_id]
             self._dirty.pop(holder.client_id, None)
             if write:
+                record = record or Record.ended(holder.owner, holder.since)
                 self._heard_here(holder.client_id, record)
-                self._publish(holder.client_id, record.encode() if record is not None else b"")
+                self._publish(holder.client_id, record.encode())
 
-    def forget(self, client_id: str) -> None:
-        """A clean start: whatever session the client id had is emptied."""
-        snapshot = self.engine.replica.get(record_subject(client_id))
-        if snapshot is not None and snapshot.content:
-            self._publish(client_id, b"")
+    def forget(self, holder: Holder) -> None:
+        """A clean start: whatever session the client id had ends."""
+        snapshot = self.engine.replica.get(record_subject(holder.client_id))
+        stored = Record.decode(snapshot.content) if snapshot is not None else None
+        if stored is not None and (stored.open or stored.expiry or stored.subs):
+            ended = Record.ended(holder.owner, holder.since)
+            self._heard_here(holder.client_id, ended)
+            self._publish(holder.client_id, ended.encode())
 
     def mark(self, holder: Holder) -> None:
         """The session changed (an acknowledgement): written within :data:`WRITE_DELAY`, with others."""
@@ -316,9 +338,12 @@ class SessionStore:
 
     def _on_record(self, subject: str, content: bytes) -> None:
         """Any worker's record reached this one: what it wants kept; a newer owner elsewhere takes the session."""
-        if subject[len(PREFIX)] == "t":
+        kind = subject[len(PREFIX) : len(PREFIX) + 1]
+        if kind == "t":
             self._on_claim(content)
             return
+        if kind != "c":
+            return  # nothing else is written there
         wanted = self.wanted
         if wanted is None and not self.live:
             return
