@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -261,13 +262,26 @@ def test_a_roaming_client_counts_every_skipped_or_repeated_message() -> None:
     assert [f.seq for f in live] == [9] and (state.duplicates, state.gaps) == (1, 2)
     assert positions["/s"] == (1, 9)
     # after a reconnection: recovered messages are checked and counted, not timed; DATA_SYNC ends the recovery
-    resumed = RoamingCodec(state, positions)
+    resumed = RoamingCodec(state, positions, resume=True)
     resumed.ready = True
     hello = resumed.after_upgrade(["/s"])
     assert resumed.pending_sync == 1 and hello  # resubscribed with the position
     sync = build_frame(OP_BINARY, p.encode_notify(p.NotifyCode.DATA_SYNC, "/s"))
     live, _ = resumed.deliveries(delivery(10, recovered=True) + sync)
     assert live == [] and state.recovered == 1 and state.synced == 1 and resumed.pending_sync == 0
+    live, _ = resumed.deliveries(delivery(9) + delivery(10))  # at or before the resubscription's position
+    assert live == [] and state.redelivered == 1 and state.duplicates == 2  # 9: dropped as seen; 10: a duplicate
     resync = build_frame(OP_BINARY, p.encode_notify(p.NotifyCode.DATA_RESYNC, "/s"))
     resumed.deliveries(resync + delivery(20, snapshot=True) + delivery(21))
     assert state.resyncs == 1 and state.gaps == 2 and positions["/s"] == (1, 21)
+
+
+def test_a_failover_run_that_would_kill_nothing_is_refused_in_one_line() -> None:
+    """--kill-after past the end of publishing would "pass" with no failover: refused before anything starts."""
+    command = [str(Path(sys.executable).with_name("migratory")), "bench", "run", "--spawn"]
+    command += ["--preset", "seed-10m-failover", "--clients", "100", "--rate", "1", "--hold", "5", "--kill-after", "9"]
+    env = {**os.environ, "COLUMNS": "300"}  # the error box on one line
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "must come before publishing ends" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr

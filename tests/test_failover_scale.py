@@ -55,9 +55,9 @@ def test_fifty_thousand_clients_fail_over_and_recover_everything(tmp_path: Path)
     assert report["connected"] == CLIENTS, report["errors"]
     # the clients spread evenly over the two serving members: member 1's half was displaced, every one
     # came back and finished its recovery
-    assert failover["displaced"] == CLIENTS // 2 + 1  # three loaders of 16,667, 16,667 and 16,666 clients
-    assert failover["back_ms"]["count"] == failover["displaced"]
-    assert failover["recovered_ms"]["count"] == failover["displaced"] == failover["synced"]
+    assert failover["displaced"] == failover["expected_displaced"] == CLIENTS // 2 + 1  # loaders of 16,667/16,666
+    assert failover["awaiting"] == 0
+    assert failover["recovered_ms"]["count"] >= failover["displaced"]  # a client dropped twice counts twice
     assert failover["recovered"] > 0  # they did miss messages, and got them
     assert (failover["gaps"], failover["duplicates"], failover["resyncs"]) == (0, 0, 0), failover["examples"]
     assert report["delivered"] >= report["expected_deliveries"] > 0

@@ -76,11 +76,11 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
         lambda r: _failover(r, "survivor_pss_mb", "survivor_processes"),
     ),
     (
-        "failover: latency p50 / p99 / max (ms) before, storm, after, rejoin",
+        "failover: latency p50 / p99 / max (ms) by phase",
         lambda r: (
-            " | ".join(
-                " / ".join(f"{h.get(k, 0):g}" for k in ("p50", "p99", "max"))
-                for h in r.failover.get("latency_ms_by_phase", {}).values()
+            "; ".join(
+                f"{phase} " + " / ".join(f"{h.get(k, 0):g}" for k in ("p50", "p99", "max"))
+                for phase, h in r.failover.get("latency_ms_by_phase", {}).items()
             )
             or "-"
         ),
@@ -292,6 +292,17 @@ def run_cmd(
         config.settings[key.strip()] = value.strip()
     if config.target in TLS_TARGETS and not spawn and not config.ca:
         raise typer.BadParameter("--ca is needed for a TLS target that --spawn does not start")
+    publishing = config.messages / config.rate if config.rate else 0.0
+    if config.kill_after and not config.kill_after < publishing:
+        raise typer.BadParameter(
+            f"--kill-after {config.kill_after:g} s must come before publishing ends ({publishing:g} s)",
+            param_hint="--kill-after",
+        )
+    if config.restart_after and not config.kill_after < config.restart_after < publishing:
+        raise typer.BadParameter(
+            f"--restart-after {config.restart_after:g} s must come after --kill-after and before publishing ends",
+            param_hint="--restart-after",
+        )
     if config.kill_after and members < 3:
         raise typer.BadParameter("a failover run needs --members 3 or more (and --spawn)", param_hint="--preset")
     if members > 1:
@@ -307,7 +318,7 @@ def run_cmd(
                     report = clusterbench.failover_at_scale(Path(folder), config, members, mode)
                 else:
                     report = clusterbench.on_cluster(Path(folder), config, members, mode, publisher_apart=True)
-            except RuntimeError as exc:  # a member that would not start or join: its own words, no traceback
+            except (RuntimeError, TimeoutError) as exc:  # a member that would not start or join: one line
                 _console.print(f"the local cluster failed: {exc}", markup=False)
                 raise typer.Exit(1) from None
     else:

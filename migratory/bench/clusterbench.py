@@ -102,12 +102,12 @@ def failover_at_scale(folder: Path, config: BenchConfig, members: int = 3, mode:
         config.server_pids = [m.proc.pid for m in cluster.members[1:] if m.proc is not None]
         config.spawn = False
 
-        def restart() -> None:
-            cluster.start(0)
+        def rejoined() -> None:
             cluster.wait_ready([0], timeout=300)
             cluster.wait_view(0, set(range(members)), timeout=300)
 
-        report = run(config, actions={"kill": lambda: cluster.kill(0), "restart": restart})
+        actions = {"kill": lambda: cluster.kill(0), "restart": lambda: cluster.start(0), "rejoined": rejoined}
+        report = run(config, actions=actions)
         report.member_warnings = _member_warnings(cluster)
     report.target = f"migratory ({members} members, {mode}, member 1 SIGKILLed and restarted)"
     return report

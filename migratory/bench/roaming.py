@@ -8,11 +8,13 @@ its positions, as the product's client libraries do (docs/clients.md). It then g
 what it missed, flagged recovered, and NOTIFY_DATA_SYNC (or NOTIFY_DATA_RESYNC and the
 snapshot, when the member could not recover the gap: counted, never hidden).
 
-The parent process steers phases (``("phase", name, unix_ns)``): live latencies are kept
-per phase (before the fault, during the reconnect storm, after it, after the member's
-rejoin), and a client's outage is measured from the ``storm`` phase's start (the SIGKILL):
-until it is connected and subscribed again (``back``) and until its recovery ended
-(``synced``).
+The parent process steers phases (``("phase", name)``): live latencies are kept per phase
+(before the fault, during the reconnect storm, after it, after the member's rejoin). It
+also says when the SIGKILL was sent (``("fault", unix_ns)``): a displaced client's outage is
+measured from then until it is connected and subscribed again (``back``) and until its
+recovery ended (``synced``). A message at or before the position a client resubscribed
+with, sent again by a member that was behind it, is what the client libraries drop as
+already seen: counted apart (``redelivered``), not as a duplicate.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import asyncio
 import random
 import resource
 import socket
-import ssl
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -67,19 +68,22 @@ class RoamState:
     def __init__(self) -> None:
         self.delivered = 0
         self.recovered = 0  # messages flagged recovered (what clients missed while away)
+        self.redelivered = 0  # at or before a resubscription's position: dropped as already seen
         self.gaps = 0  # messages skipped: a seq jumped with no NOTIFY_DATA_RESYNC
         self.duplicates = 0  # a seq seen again
         self.resyncs = 0  # NOTIFY_DATA_RESYNC: the member could not recover the gap
         self.synced = 0  # NOTIFY_DATA_SYNC after a resubscription
         self.lost = 0  # connections that dropped (the clients of the killed member)
+        self.displaced: set[int] = set()  # clients that lost a connection
+        self.awaiting: set[int] = set()  # displaced clients whose recovery has not ended yet
         self.reconnect_failures = 0
         self.errors = 0
         self.reasons: dict[str, int] = {}
         self.phase = "before"
-        self.fault_ns = 0  # when the storm began (the SIGKILL), from the parent
+        self.fault_ns = 0  # when the SIGKILL was sent, from the parent
         self.latency: dict[str, Histogram] = {"before": Histogram()}
-        self.back = Histogram()  # fault -> connected and subscribed again
-        self.back_synced = Histogram()  # fault -> recovery done (DATA_SYNC or the snapshot after a RESYNC)
+        self.back_ns: list[int] = []  # when a displaced client was connected and subscribed again (unix ns)
+        self.synced_ns: list[int] = []  # when its recovery ended (DATA_SYNC, or the snapshot after a RESYNC)
         self.examples: list[str] = []  # the first few violations, for the report
         self.stopping = False
 
@@ -87,8 +91,15 @@ class RoamState:
         if len(self.examples) < 5:
             self.examples.append(text)
 
+    def _since_fault(self, times: list[int]) -> list[Any]:
+        histogram = Histogram()
+        for at in times:
+            histogram.add(at - self.fault_ns)
+        return histogram.as_list()
+
     def as_tuple(self, cpu: float) -> tuple[Any, ...]:
         live = sum(h.count for h in self.latency.values())
+        fault = self.fault_ns
         return (
             "roam",
             self.delivered,
@@ -96,15 +107,18 @@ class RoamState:
             cpu,
             {
                 "recovered": self.recovered,
+                "redelivered": self.redelivered,
                 "gaps": self.gaps,
                 "duplicates": self.duplicates,
                 "resyncs": self.resyncs,
                 "synced": self.synced,
                 "lost": self.lost,
+                "displaced": len(self.displaced),
+                "awaiting": len(self.awaiting),
                 "reconnect_failures": self.reconnect_failures,
                 "latency": {phase: h.as_list() for phase, h in self.latency.items()},
-                "back": self.back.as_list(),
-                "back_synced": self.back_synced.as_list(),
+                "back": self._since_fault(self.back_ns) if fault else Histogram().as_list(),
+                "back_synced": self._since_fault(self.synced_ns) if fault else Histogram().as_list(),
                 "examples": list(self.examples),
             },
         )
@@ -113,17 +127,20 @@ class RoamState:
 class RoamingCodec(MigratoryCodec):
     """The native protocol, keeping each subject's position and checking every message against it."""
 
-    def __init__(self, state: RoamState, positions: dict[str, tuple[int, int]]) -> None:
+    def __init__(self, state: RoamState, positions: dict[str, tuple[int, int]], resume: bool = False) -> None:
         super().__init__()
         self.state = state
         self.positions = positions
+        self.resume = resume  # a connection after a drop: it resubscribes with positions
         self.pending_sync = 0  # subjects whose recovery has not ended yet on this connection
+        self.resumed_at: dict[str, tuple[int, int]] = {}  # the positions this connection resubscribed with
 
     def after_upgrade(self, subjects: Sequence[str]) -> bytes:
         out = _mask(p.encode_connect())
-        known = [self.positions.get(s) for s in subjects]
-        if all(position is not None for position in known):
-            out += _mask(p.encode_subscribe(list(subjects), positions=cast(list[tuple[int, int]], known)))
+        if self.resume:  # every subject with its position, (0, 0) if no message of it came yet
+            known = [self.positions.get(s, (0, 0)) for s in subjects]
+            self.resumed_at = dict(zip(subjects, known, strict=True))
+            out += _mask(p.encode_subscribe(list(subjects), positions=known))
             self.pending_sync = len(subjects)
         elif subjects:
             out += _mask(p.encode_subscribe(list(subjects)))
@@ -171,9 +188,13 @@ class RoamingCodec(MigratoryCodec):
         if known is None:
             return True
         if frame.seq <= known[1]:
+            self.positions[subject] = known
+            resumed = self.resumed_at.get(subject)
+            if resumed is not None and frame.seq <= resumed[1]:
+                state.redelivered += 1  # a member behind the client sent it again: the libraries drop it
+                return False
             state.duplicates += 1
             state.violation(f"{subject}: seq {frame.seq} again (had {known[1]})")
-            self.positions[subject] = known
             return False
         if frame.seq != known[1] + 1:
             state.gaps += frame.seq - known[1] - 1
@@ -247,7 +268,7 @@ async def _open(
         raise
     transport.write(codec.hello(endpoint[0], subjects))
     try:
-        await asyncio.wait_for(client.ready, 60)
+        await client.ready
     except BaseException:
         transport.abort()
         raise
@@ -272,11 +293,11 @@ async def _client(
     delay = BACKOFF_FIRST
     dropped = False
     while not state.stopping:
-        codec = RoamingCodec(state, positions)
+        codec = RoamingCodec(state, positions, resume=dropped)
         try:
             async with semaphore:
-                client = await _open(spec, endpoints[at], source, subjects, codec)
-        except (OSError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
+                client = await asyncio.wait_for(_open(spec, endpoints[at], source, subjects, codec), 60)
+        except Exception as exc:  # whatever failed: the client tries again, or reports it if it never connected
             if not first.done():
                 reason = f"{type(exc).__name__}: {exc}"[:100]
                 state.reasons[reason] = state.reasons.get(reason, 0) + 1
@@ -292,12 +313,13 @@ async def _client(
         transports.add(client.transport)
         if not first.done():
             first.set_result(True)
-        if dropped and state.fault_ns:
-            state.back.add(time.time_ns() - state.fault_ns)
+        if dropped:
+            state.back_ns.append(time.time_ns())
         try:
             await client.synced
-            if dropped and state.fault_ns:
-                state.back_synced.add(time.time_ns() - state.fault_ns)
+            if dropped:
+                state.synced_ns.append(time.time_ns())
+                state.awaiting.discard(index)
         except ConnectionError:
             pass
         await client.lost
@@ -305,6 +327,8 @@ async def _client(
         if state.stopping:
             return
         state.lost += 1
+        state.displaced.add(index)
+        state.awaiting.add(index)
         dropped = True
         delay = BACKOFF_FIRST
         at = (at + 1) % len(endpoints)
@@ -337,11 +361,10 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
         if command == "stop":
             break
         if isinstance(command, tuple) and command[0] == "phase":
-            _, name, at_ns = command
-            state.phase = name
-            state.latency.setdefault(name, Histogram())
-            if name == "storm":
-                state.fault_ns = at_ns
+            state.phase = command[1]
+            state.latency.setdefault(command[1], Histogram())
+        elif isinstance(command, tuple) and command[0] == "fault":
+            state.fault_ns = command[1]
         now = time.monotonic()
         if now - reported >= 0.2:
             reported = now

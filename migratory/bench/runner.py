@@ -184,7 +184,7 @@ class _Publisher(asyncio.Protocol):
             self.ready.set_result(None)
 
 
-Actions = Mapping[str, Callable[[], None]]
+Actions = Mapping[str, Callable[[], object]]
 
 
 def run(config: BenchConfig, progress: Progress | None = None, actions: Actions | None = None) -> Report:
@@ -284,12 +284,15 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
                     delivered[i], _, loader_cpu[i], roams[i] = message[1:5]
         return sum(delivered)
 
-    def phase(name: str) -> None:
-        """Tell the roaming loaders a phase began (they keep live latencies per phase)."""
-        at = time.time_ns()
-        report.timeline[name] = _utc_now()
+    def tell(command: tuple[str, Any]) -> None:
+        """Tell the roaming loaders a phase began (they keep live latencies per phase), or when the fault was."""
+        if command[0] == "phase":
+            report.timeline[command[1]] = _utc_now()
         for _, pipe in loaders:
-            pipe.send(("phase", name, at))
+            pipe.send(command)
+
+    endpoints = max(1, len(config.endpoints))
+    displaced = sum(len(range(0, len(members), endpoints)) for members in per_process)  # roaming.py: index % n
 
     report.sockstat_connected = sockstat()
     if meter is not None:
@@ -319,7 +322,7 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
         cpu_before = meter.cpu_split() if meter is not None else (0.0, 0.0)
         publish_started = time.monotonic()
         report.timeline["publishing"] = _utc_now()
-        control = _FaultControl(config, actions, phase, roams, notify) if roaming else None
+        control = _FaultControl(config, actions, tell, roams, poll, displaced) if roaming else None
         asyncio.run(_publish(config, report, subscribers, poll, notify, control))
         deadline = time.monotonic() + config.drain_timeout
         while poll() < report.expected_deliveries and time.monotonic() < deadline:
@@ -339,28 +342,33 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
             report.server_cpu_system_seconds = round(system - cpu_before[1], 3)
             if report.delivered:
                 report.server_cpu_us_per_delivery = round(report.server_cpu_seconds * 1e6 / report.delivered, 3)
-        if roaming:
-            poll()
-            _failover_report(report, roams, control, meter)
-        else:
+        if roaming and meter is not None:  # with the displaced clients, before anyone leaves
+            report.failover["survivor_pss_mb"] = round(meter.pss_bytes() / 2**20, 1)
+            report.failover["survivor_processes"] = meter.processes()
+        if not roaming:
             merged = [sum(h[i] for h in histograms) for i in range(BUCKETS)]
             report.latency_ms = _percentiles(merged, max(max_ns))
             report.latency_ms["mean"] = round(sum(sum_ns) / max(sum(delivered), 1) / 1e6, 3)
-        if report.delivered < report.expected_deliveries or (
-            report.delivered > report.expected_deliveries and not roaming
-        ):
-            # a roaming run may deliver more: a publication answered FAILED in the failover may still have been
-            # numbered (its clients check every seq instead)
-            report.errors.append(f"delivered {report.delivered} of {report.expected_deliveries} messages")
+            if report.delivered != report.expected_deliveries:
+                report.errors.append(f"delivered {report.delivered} of {report.expected_deliveries} messages")
     report.timeline["stopping"] = _utc_now()
     for _, pipe in loaders:
         pipe.send("stop")
-    for proc, pipe in loaders:
+    for i, (proc, pipe) in enumerate(loaders):
         while True:
             message = pipe.recv()
             if message[0] == "closed":
                 break
+            if message[0] == "roam":  # the last counts, after the drain
+                delivered[i], _, loader_cpu[i], roams[i] = message[1:5]
         proc.join(30)
+    if roaming and config.messages:
+        report.delivered = sum(delivered)
+        _failover_report(report, roams, control)
+        if report.delivered < report.expected_deliveries:
+            # more is possible: a publication answered FAILED in the failover may still have been numbered
+            # (every client checks each seq instead)
+            report.errors.append(f"delivered {report.delivered} of {report.expected_deliveries} messages")
     report.timeline["closed"] = _utc_now()
     if report.connect_errors:
         common = sorted(reasons.items(), key=lambda item: -item[1])[:3]
@@ -388,39 +396,46 @@ class _FaultControl:
         self,
         config: BenchConfig,
         actions: Actions,
-        phase: Callable[[str], None],
+        tell: Callable[[tuple[str, Any]], None],
         roams: list[dict[str, Any]],
-        notify: Progress,
+        poll: Callable[[], int],
+        displaced: int,
     ) -> None:
         self.config = config
         self.actions = actions
-        self.phase = phase
+        self.tell = tell
         self.roams = roams
-        self.notify = notify
+        self.poll = poll
+        self.displaced = displaced  # the clients of the member that is killed (roaming.py spreads them)
         self.killed_at = 0.0  # loop time
+        self.fault_ns = 0
         self.recovered_at = 0.0
         self.restarted_at = 0.0
         self.restart_seconds = 0.0
-        self.pending: asyncio.Future[None] | None = None
+        self.pending: asyncio.Future[object] | None = None
 
-    def lost_and_synced(self) -> tuple[int, int]:
-        lost = sum(r.get("lost", 0) for r in self.roams)
-        synced = sum(r["back_synced"][1] for r in self.roams if r)
-        return lost, synced
+    def recovered(self) -> tuple[int, int]:
+        """(clients displaced, of which still recovering), as the loaders last said."""
+        return sum(r.get("displaced", 0) for r in self.roams), sum(r.get("awaiting", 0) for r in self.roams)
+
+    def _kill(self) -> None:
+        self.fault_ns = time.time_ns()  # the outage is timed from the signal, not from the phase's start
+        self.actions["kill"]()
 
     async def tick(self, elapsed: float) -> None:
         loop = asyncio.get_running_loop()
         config = self.config
         if not self.killed_at and elapsed >= config.kill_after and "kill" in self.actions:
-            self.phase("storm")
-            await asyncio.sleep(0.2)  # every loader knows the storm's start before its clients see the drop
+            self.tell(("phase", "storm"))
             self.killed_at = loop.time()
-            await loop.run_in_executor(None, self.actions["kill"])
+            await loop.run_in_executor(None, self._kill)
+            self.tell(("fault", self.fault_ns))
         elif self.killed_at and not self.recovered_at:
-            lost, synced = self.lost_and_synced()
-            if lost and synced >= lost:
+            displaced, awaiting = self.recovered()
+            if displaced >= self.displaced and not awaiting:
                 self.recovered_at = loop.time()
-                self.phase("after")
+                if not self.restarted_at:
+                    self.tell(("phase", "after"))
         if (
             self.killed_at
             and not self.restarted_at
@@ -428,14 +443,28 @@ class _FaultControl:
             and elapsed >= config.restart_after
             and "restart" in self.actions
         ):
-            self.phase("rejoin")
+            self.tell(("phase", "rejoin"))
             self.restarted_at = loop.time()
-            self.pending = asyncio.ensure_future(loop.run_in_executor(None, self.actions["restart"]))
+            # started from this (the main) thread: a child started from an executor's thread would get its
+            # parent-death signal when that thread ends; only the wait for the rejoin runs in the executor
+            self.actions["restart"]()
+            if "rejoined" in self.actions:
+                self.pending = asyncio.ensure_future(loop.run_in_executor(None, self.actions["rejoined"]))
 
     async def done(self) -> None:
+        """Wait for the recovery (within the drain time) and the rejoin, the loaders' pipes kept drained."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while self.killed_at and not self.recovered_at and loop.time() - start < self.config.drain_timeout:
+            self.poll()
+            await self.tick(float("-inf"))  # recovery only: nothing is started now
+            await asyncio.sleep(0.05)
         if self.pending is not None:
-            await self.pending
-            self.restart_seconds = asyncio.get_running_loop().time() - self.restarted_at
+            while not self.pending.done():
+                self.poll()
+                await asyncio.sleep(0.05)
+            self.pending.result()
+            self.restart_seconds = loop.time() - self.restarted_at
 
 
 def _hist_ms(h: list[Any]) -> dict[str, float]:
@@ -457,19 +486,17 @@ def _merge_hists(hists: list[list[Any]]) -> list[Any]:
     ]
 
 
-def _failover_report(
-    report: Report, roams: list[dict[str, Any]], control: _FaultControl | None, meter: ProcessMeter | MultiMeter | None
-) -> None:
+def _failover_report(report: Report, roams: list[dict[str, Any]], control: _FaultControl | None) -> None:
     roams = [r for r in roams if r]
     phases: dict[str, list[list[Any]]] = {}
     for r in roams:
         for name, h in r["latency"].items():
             phases.setdefault(name, []).append(h)
-    every = _merge_hists([h for hs in phases.values() for h in hs])
-    report.latency_ms = _hist_ms(every)
-    counts = {k: sum(r[k] for r in roams) for k in ("recovered", "gaps", "duplicates", "resyncs", "synced", "lost")}
+    report.latency_ms = _hist_ms(_merge_hists([h for hs in phases.values() for h in hs]))
+    keys = ("displaced", "awaiting", "recovered", "redelivered", "gaps", "duplicates", "resyncs", "synced", "lost")
+    counts = {k: sum(r[k] for r in roams) for k in keys}
     failover: dict[str, Any] = {
-        "displaced": counts["lost"],
+        **report.failover,
         **counts,
         "reconnect_failures": sum(r["reconnect_failures"] for r in roams),
         "back_ms": _hist_ms(_merge_hists([r["back"] for r in roams])),
@@ -478,20 +505,24 @@ def _failover_report(
         "examples": [e for r in roams for e in r["examples"]][:10],
     }
     if control is not None:
+        failover["expected_displaced"] = control.displaced
         failover["storm_seconds"] = round(control.recovered_at - control.killed_at, 3) if control.recovered_at else None
-        failover["restart_seconds"] = round(control.restart_seconds, 3) if control.restarted_at else None
-    if meter is not None:
-        failover["survivor_pss_mb"] = round(meter.pss_bytes() / 2**20, 1)
-        failover["survivor_processes"] = meter.processes()
+        failover["restart_seconds"] = round(control.restart_seconds, 3) if control.restart_seconds else None
+        if not control.killed_at:
+            report.errors.append("no member was killed: --kill-after is past the end of publishing")
+        elif counts["displaced"] < control.displaced or counts["awaiting"]:
+            report.errors.append(
+                f"{counts['awaiting']} of {counts['displaced']} displaced clients never recovered "
+                f"({control.displaced} were on the killed member)"
+            )
+        if control.config.restart_after and not control.restart_seconds:
+            report.errors.append("the killed member was not restarted: --restart-after is past the end of publishing")
     report.failover = failover
     if counts["gaps"] or counts["duplicates"] or counts["resyncs"]:
         report.errors.append(
             f"clients saw {counts['gaps']} messages skipped, {counts['duplicates']} twice and "
             f"{counts['resyncs']} NOTIFY_DATA_RESYNC: {'; '.join(failover['examples'][:3])}"
         )
-    if control is not None and counts["lost"] and not control.recovered_at:
-        lost, synced = control.lost_and_synced()
-        report.errors.append(f"{lost - synced} of {lost} displaced clients never recovered")
 
 
 async def _publish(
@@ -539,10 +570,6 @@ async def _publish(
             if control is not None:
                 await control.tick(now - start)
     if control is not None:
-        while control.killed_at and not control.recovered_at and loop.time() - control.killed_at < config.drain_timeout:
-            poll()
-            await control.tick(loop.time() - start)
-            await asyncio.sleep(0.05)
         await control.done()
     await asyncio.sleep(0.5)  # the last answers
     transport.close()
