@@ -236,3 +236,21 @@ def test_everyday_faults_after_traffic_on_the_default_configuration(tmp_path: Pa
     assert isinstance(result, failover.RoundResult)
     assert result.ok, f"{result.violations[:10]} (history kept in {result.history})"
     assert result.acked > 50 and result.gaps and result.ack_gaps
+
+
+@pytest.mark.skipif(not available(), reason="needs root, iproute2 and nftables")
+def test_two_harnesses_side_by_side_never_share_a_subnet() -> None:
+    """Round 403: two fault loops' namespaces on one /24 sent one harness's clients to the other's cluster
+    (both bridges carried 10.203.x.1/24). Two instances whose tags start at the same /24 get two."""
+    from migratory.bench.netns import Namespaces
+
+    first = Namespaces(1, tag="1")
+    try:
+        second = Namespaces(1, tag="251")  # the same starting /24 as "1"
+        try:
+            assert first.net != second.net
+            assert first.hosts[0] != second.hosts[0]
+        finally:
+            second.close()
+    finally:
+        first.close()

@@ -6,6 +6,10 @@ over the bridge. :meth:`Namespaces.partition` makes nftables in one member's nam
 drop everything to and from the other members (its clients still reach it), and
 :meth:`Namespaces.heal` removes that rule. Needs root, iproute2 and nftables; every
 name carries a per-run tag, and :meth:`Namespaces.close` removes everything.
+
+Several harnesses may run side by side (two fault loops): each claims its /24 with a lock
+file before using it, and checks that the root namespace routes it to its own bridge. Two
+bridges with one subnet would send one harness's clients to the other's cluster.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import subprocess
 __all__ = ["Namespaces", "available"]
 
 SUBNET = "10.203"
+LOCKS = "/run/migratory-netns"
 
 
 def available() -> bool:
@@ -32,6 +37,24 @@ def _sh(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.
 _instances = itertools.count()
 
 
+def _alive(lock: str) -> bool:
+    """Whether the process that wrote ``lock`` still runs (a lock being written counts as held)."""
+    try:
+        with open(lock) as held:
+            pid = int(held.read().strip() or "0")
+    except (OSError, ValueError):
+        return True
+    if not pid:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Namespaces:
     """``size`` namespaces ``mgc<tag>-<i>`` on bridge ``mgb<tag>`` (10.203.<net>.0/24)."""
 
@@ -40,7 +63,9 @@ class Namespaces:
         # one tag per instance: a deleted namespace's veth peer goes away asynchronously in the kernel, and
         # the next round of the same process must not meet it under the same name ("File exists")
         self.tag = tag or f"{os.getpid() % 10000}{next(_instances) % 100:02d}"
-        self.net = int(self.tag) % 250 + 1
+        self.net = 0
+        self._lock = ""
+        self._claim(int(self.tag) % 250 + 1)
         self.bridge = f"mgb{self.tag}"
         self.names = [f"mgc{self.tag}-{i}" for i in range(size)]
         self.hosts = [f"{SUBNET}.{self.net}.{10 + i}" for i in range(size)]
@@ -51,11 +76,40 @@ class Namespaces:
             self.close()
             raise
 
+    def _claim(self, first: int) -> None:
+        """Take a /24 no other harness holds (a lock file naming our pid; a dead holder's is taken over)."""
+        os.makedirs(LOCKS, exist_ok=True)
+        in_use = _sh("ip", "-o", "-4", "addr", "show", check=False).stdout
+        for step in range(254):
+            net = (first - 1 + step) % 254 + 1
+            if f" {SUBNET}.{net}." in in_use:
+                continue
+            lock = os.path.join(LOCKS, f"{SUBNET}.{net}")
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                if _alive(lock):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)
+                try:
+                    fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    continue
+            with os.fdopen(fd, "w") as out:
+                out.write(str(os.getpid()))
+            self.net, self._lock = net, lock
+            return
+        raise RuntimeError(f"no free {SUBNET}.x.0/24 for the namespaces' bridge")
+
     def _create(self) -> None:
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
         self._made.append("bridge")
         _sh("ip", "addr", "add", f"{SUBNET}.{self.net}.1/24", "dev", self.bridge)
         _sh("ip", "link", "set", self.bridge, "up")
+        route = _sh("ip", "route", "get", self.hosts[0], check=False).stdout
+        if f" dev {self.bridge} " not in route + " ":
+            raise RuntimeError(f"{self.hosts[0]} is routed elsewhere, not to {self.bridge}: {route.strip()}")
         for i, (name, host) in enumerate(zip(self.names, self.hosts, strict=True)):
             _sh("ip", "netns", "add", name)
             self._made.append(name)
@@ -95,6 +149,10 @@ class Namespaces:
         if "bridge" in self._made:
             _sh("ip", "link", "delete", self.bridge, check=False)
         self._made.clear()
+        if self._lock:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._lock)
+            self._lock = ""
 
     def __enter__(self) -> Namespaces:
         return self
