@@ -51,6 +51,10 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
         ),
     ),
     (
+        "server PSS after publishing (MB), per connection (B)",
+        lambda r: f"{r.server_pss_mb_published:.1f}, {r.server_pss_bytes_per_connection_published:,.0f}",
+    ),
+    (
         "server processes, PSS each before clients (MB)",
         lambda r: f"{r.server_processes}, {r.server_pss_mb_per_process_before:.1f}",
     ),

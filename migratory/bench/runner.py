@@ -92,6 +92,9 @@ class Report:
     server_pss_mb_before: float = 0.0
     server_pss_mb_connected: float = 0.0
     server_pss_bytes_per_connection: float = 0.0
+    # after publishing and the drain, the connections still open: what working costs beyond idle
+    server_pss_mb_published: float = 0.0
+    server_pss_bytes_per_connection_published: float = 0.0
     server_processes: int = 0  # supervisor and workers (and a member's agent) when the clients connected
     server_pss_mb_per_process_before: float = 0.0  # the fixed cost of one more worker
     sockstat_before: dict[str, int] = field(default_factory=dict)  # /proc/net/sockstat's TCP line
@@ -337,6 +340,11 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
         if report.delivered:
             report.loader_cpu_us_per_delivery = round(report.loader_cpu_seconds * 1e6 / report.delivered, 3)
         if meter is not None:
+            report.server_pss_mb_published = meter.pss_bytes() / 2**20
+            if report.connected:
+                report.server_pss_bytes_per_connection_published = round(
+                    (report.server_pss_mb_published - report.server_pss_mb_before) * 2**20 / report.connected, 1
+                )
             user, system = meter.cpu_split()
             report.server_cpu_seconds = round(user + system - sum(cpu_before), 3)
             report.server_cpu_system_seconds = round(system - cpu_before[1], 3)

@@ -27,6 +27,7 @@ from migratory import bus as b
 from migratory.config import Config, DeliveryMode
 from migratory.member import Member, MemberSettings
 from migratory.server.cluster.links import MemberLinks
+from migratory.server.node import heap
 from migratory.server.node.bus import Bus
 from migratory.server.node.counters import SharedCounters
 
@@ -210,6 +211,7 @@ async def serve_agent(
         consensus = SeedConsensus(config)
     await bus.start()
     await links.start(sock)
+    heap.serving()
     log.info(
         "member %d of %d (%s, %s delivery) started; looking for the other members",
         config.member_index,

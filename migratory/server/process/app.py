@@ -32,7 +32,7 @@ from migratory.logs import JsonLineHandler, JsonLineWriter
 from migratory.privileges import PrivilegeError, drop_privileges
 from migratory.server.cluster.agent import serve_agent
 from migratory.server.engine.core import Engine
-from migratory.server.node import pauses, priority
+from migratory.server.node import heap, pauses, priority
 from migratory.server.node.bus import Bus
 from migratory.server.node.counters import SharedCounters
 from migratory.server.process.monitor import Monitor, MonitorConnection
@@ -245,6 +245,7 @@ async def serve(
             servers.append(rawtransport.RawServer(loop, sock, _factory(engine, listener, scheme), poller, BACKLOG))
         else:
             servers.append(await loop.create_server(_factory(engine, listener, scheme), sock=sock, backlog=BACKLOG))
+    heap.serving()
     log.info(
         "worker %d/%d serving %s, epoch %d",
         worker,
@@ -511,6 +512,7 @@ def _supervise(
         # Block our signals across fork: the child must not run the supervisor's
         # handler, and the parent must know the child's pid before forwarding to it.
         signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+        heap.before_fork()
         pid = os.fork()
         if pid == 0:
             code = 0
