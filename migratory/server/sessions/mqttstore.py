@@ -247,6 +247,7 @@ class SessionStore:
         self.live: dict[str, Holder] = {}
         self._dirty: dict[str, Holder] = {}
         self._armed = False
+        self._claims: dict[str, list[list[Any]]] = {}  # claim subject -> [client id, owner, since] not yet sent
         # what the replica keeps for stored sessions, where it caches nothing else
         self.wanted = Wanted(engine) if not engine.replica.cache_size and engine.replica.keep_size else None
         engine.watch = (PREFIX, self._on_record)
@@ -285,8 +286,20 @@ class SessionStore:
             previous.taken_over()
         self.live[holder.client_id] = holder
         if announce:
-            claim = json.dumps([holder.client_id, holder.owner, holder.since], separators=(",", ":")).encode()
-            self.engine.publish_internal(claim_subject(holder.client_id), claim, {}, QoS.STANDARD)
+            # gathered per shard and loop turn: a storm of clean connections is one publication a shard a turn
+            shard = claim_subject(holder.client_id)
+            pending = self._claims.get(shard)
+            if pending is None:
+                pending = self._claims[shard] = []
+                if len(self._claims) == 1:
+                    self.engine.loop.call_soon(self._announce)
+            pending.append([holder.client_id, holder.owner, holder.since])
+
+    def _announce(self) -> None:
+        claims, self._claims = self._claims, {}
+        for subject, items in claims.items():
+            content = json.dumps(items, separators=(",", ":")).encode()
+            self.engine.publish_internal(subject, content, {}, QoS.STANDARD)
 
     def release(self, holder: Holder, record: Record | None, *, write: bool) -> None:
         """The connection ended: its last word (the session kept, or emptied), unless it was taken over."""
@@ -362,25 +375,19 @@ class SessionStore:
             self._take_over(holder)
 
     def _on_claim(self, content: bytes) -> None:
-        """A clean connection elsewhere took a client id: an older connection here with it ends."""
+        """Clean connections elsewhere took client ids: an older connection here with one of them ends."""
         if not self.live:
             return
         try:
-            client_id, owner, since = json.loads(content)
-            holder = self.live.get(str(client_id))
-            newer = (
-                holder is not None
-                and holder.owner != owner
-                and (float(since), str(owner))
-                > (
-                    holder.since,
-                    holder.owner,
-                )
-            )
+            claims = json.loads(content)
+            for client_id, owner, since in claims:
+                holder = self.live.get(str(client_id))
+                if holder is None or holder.owner == owner:
+                    continue
+                if (float(since), str(owner)) > (holder.since, holder.owner):
+                    self._take_over(holder)
         except (ValueError, TypeError):
             return
-        if newer and holder is not None:
-            self._take_over(holder)
 
     def _take_over(self, holder: Holder) -> None:
         del self.live[holder.client_id]
