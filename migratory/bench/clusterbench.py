@@ -14,10 +14,12 @@ Standard mode, NOTIFY_DATA_SYNC in Guaranteed mode).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -72,6 +74,26 @@ def fanout(
     return on_cluster(folder, config, members, mode)
 
 
+@contextlib.contextmanager
+def _started(
+    folder: Path, config: BenchConfig, members: int, mode: str, workers: list[int], timeout: float
+) -> Iterator[LocalCluster]:
+    """A local cluster for ``config``, every member started and seeing every other (the product's heartbeat)."""
+    with LocalCluster(
+        folder,
+        members,
+        mode=mode,
+        workers=workers,
+        extra={**QUIET, **config.settings},
+        heartbeat_interval=500,
+        heartbeat_timeout=3000,
+    ) as cluster:
+        cluster.start_all(ready_timeout=timeout)
+        for index in range(members):
+            cluster.wait_view(index, set(range(members)), timeout=timeout)
+        yield cluster
+
+
 def failover_at_scale(folder: Path, config: BenchConfig, members: int = 3, mode: str = "Guaranteed") -> Report:
     """``config``'s clients spread over the first ``members - 1`` members, which fail over when member 1 dies.
 
@@ -83,18 +105,7 @@ def failover_at_scale(folder: Path, config: BenchConfig, members: int = 3, mode:
     ``config.workers`` workers: enough for all the clients, since one of them ends up holding them all.
     """
     serving = members - 1
-    with LocalCluster(
-        folder,
-        members,
-        mode=mode,
-        workers=[config.workers] * serving + [1],
-        extra={**QUIET, **config.settings},
-        heartbeat_interval=500,
-        heartbeat_timeout=3000,
-    ) as cluster:
-        cluster.start_all(ready_timeout=180)
-        for index in range(members):
-            cluster.wait_view(index, set(range(members)), timeout=180)
+    with _started(folder, config, members, mode, [config.workers] * serving + [1], 180) as cluster:
         publisher = cluster[members - 1]
         config.host, config.port = publisher.host, publisher.client_port
         config.endpoints = [(m.host, m.client_port) for m in cluster.members[:serving]]
@@ -126,18 +137,7 @@ def on_cluster(
     workers = [config.workers] * serving + [1] * (members - serving)
     # the product's heartbeat (500 ms, 3 s), not the fault tests' fast one: a member agent among a
     # hundred busy processes on two cores misses a 1-s deadline, and the link flaps
-    with LocalCluster(
-        folder,
-        members,
-        mode=mode,
-        workers=workers,
-        extra={**QUIET, **config.settings},
-        heartbeat_interval=500,
-        heartbeat_timeout=3000,
-    ) as cluster:
-        cluster.start_all(ready_timeout=120)
-        for index in range(members):
-            cluster.wait_view(index, set(range(members)), timeout=120)
+    with _started(folder, config, members, mode, workers, 120) as cluster:
         publisher = cluster[members - 1] if publisher_apart else cluster[0]
         config.host, config.port = publisher.host, publisher.client_port
         config.endpoints = [(m.host, m.client_port) for m in cluster.members[:serving]]

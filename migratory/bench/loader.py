@@ -21,7 +21,16 @@ from typing import TypeVar, cast
 
 from migratory.bench.wire import Codec, StreamCodec, base_target, codec_for
 
-__all__ = ["BUCKETS", "LoaderSpec", "bucket_of", "bucket_upper_ns", "client_context", "loader_main", "open_client"]
+__all__ = [
+    "BUCKETS",
+    "LoaderSpec",
+    "bucket_of",
+    "bucket_upper_ns",
+    "client_context",
+    "connect_from",
+    "loader_main",
+    "open_client",
+]
 
 P = TypeVar("P", bound=asyncio.Protocol)
 
@@ -176,14 +185,18 @@ async def _post(spec: LoaderSpec, requests: bytes, count: int) -> None:
         raise ConnectionError(f"POST /stream refused: {answer[:60]!r}")
 
 
+async def connect_from(sock: socket.socket, source: str, endpoint: tuple[str, int]) -> None:
+    """Connect ``sock`` to ``endpoint`` from address ``source`` (its port chosen at connect: many per address)."""
+    sock.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+    sock.bind((source, 0))
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, endpoint)
+
+
 async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State, source: str) -> asyncio.Transport | None:
-    loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
-        sock.bind((source, 0))
-        sock.setblocking(False)
-        await loop.sock_connect(sock, (spec.host, spec.port))
+        await connect_from(sock, source, (spec.host, spec.port))
         codec = codec_for(spec.target)
         transport, client = await open_client(
             sock, spec.target, spec.host, spec.ca, lambda: _Client(state, codec, len(subjects))

@@ -44,15 +44,7 @@ def _alive(lock: str) -> bool:
             pid = int(held.read().strip() or "0")
     except (OSError, ValueError):
         return True
-    if not pid:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return not pid or os.path.exists(f"/proc/{pid}")
 
 
 class Namespaces:

@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from migratory import protocol as p
-from migratory.bench.loader import BUCKETS, IP_BIND_ADDRESS_NO_PORT, LoaderSpec, bucket_of, open_client
+from migratory.bench.loader import BUCKETS, LoaderSpec, bucket_of, connect_from, open_client
 from migratory.bench.wire import MigratoryCodec, _mask
 
 __all__ = ["RoamingCodec", "roamer_main"]
@@ -253,13 +253,9 @@ class Roamer(asyncio.Protocol):
 async def _open(
     spec: LoaderSpec, endpoint: tuple[str, int], source: str, subjects: Sequence[str], codec: RoamingCodec
 ) -> Roamer:
-    loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
-        sock.bind((source, 0))
-        sock.setblocking(False)
-        await loop.sock_connect(sock, endpoint)
+        await connect_from(sock, source, endpoint)
         transport, client = await open_client(
             sock, spec.target, endpoint[0], spec.ca, lambda: Roamer(codec, len(subjects))
         )
