@@ -53,6 +53,19 @@ async function startOne(command, folder, name, extra) {
   return { url: `ws://127.0.0.1:${port}`, child };
 }
 
+/** SIGTERM, then SIGKILL if the server has not exited within 15 s; resolves once it has exited. */
+function stopped(child) {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((resolve) => {
+    const kill = setTimeout(() => child.kill("SIGKILL"), 15000);
+    child.once("exit", () => {
+      clearTimeout(kill);
+      resolve();
+    });
+    child.kill("SIGTERM");
+  });
+}
+
 /** `{ url, basic, stop }` for the live tests, or `{ skip }`: one line saying how to run them. */
 export async function liveServers() {
   if (process.env.MIGRATORY_WS_URL && process.env.MIGRATORY_BASIC_URL) {
@@ -64,8 +77,10 @@ export async function liveServers() {
   }
   const folder = mkdtempSync(join(tmpdir(), "migratory-js-"));
   const started = [];
-  const stop = () => {
-    for (const { child } of started) if (child.exitCode === null) child.kill("SIGTERM");
+  // the servers stop first (they write their logs and state as they go), then their folder goes: removed
+  // under a server still shutting down it fails (ENOTEMPTY), and a server left behind would hold our stderr
+  const stop = async () => {
+    await Promise.all(started.map(({ child }) => stopped(child)));
     rmSync(folder, { recursive: true, force: true });
   };
   try {
@@ -73,7 +88,7 @@ export async function liveServers() {
     started.push(await startOne(command, folder, "basic",
       ["Workers = 1", "Entitlement = Basic", "EntitlementAllowToken = js-secret-token"]));
   } catch (error) {
-    stop();
+    await stop();
     throw error;
   }
   return { url: started[0].url, basic: started[1].url, stop };
