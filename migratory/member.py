@@ -58,7 +58,7 @@ from migratory.bus import (
 from migratory.groups import GROUPS, Table, epoch_for, group_of, owner_of, rendezvous
 from migratory.protocol import Status
 from migratory.replica import Applied, Entry, Replica, SubjectSync
-from migratory.subjects import PRIVATE_PREFIX
+from migratory.subjects import private_first
 
 __all__ = ["Member", "MemberSettings", "Wire"]
 
@@ -365,9 +365,7 @@ class Member:
         self.wire.to_worker(worker, self.info())
 
     def _state_to_worker(self, worker: int) -> None:
-        subjects = self.replica.subjects()
-        subjects.sort(key=lambda subject: not subject.startswith(PRIVATE_PREFIX))  # what the worker is to cache
-        self._send_state(lambda f: self.wire.to_worker(worker, f), subjects)
+        self._send_state(lambda f: self.wire.to_worker(worker, f), private_first(self.replica.subjects()))
 
     def worker_down(self, worker: int) -> None:
         self.workers.discard(worker)

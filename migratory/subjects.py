@@ -8,7 +8,14 @@ the reasons a client sees are the same everywhere.
 
 from __future__ import annotations
 
-__all__ = ["MAX_SUBJECT_BYTES", "PRIVATE_PREFIX", "InvalidSubject", "check_subject", "is_valid_subject"]
+__all__ = [
+    "MAX_SUBJECT_BYTES",
+    "PRIVATE_PREFIX",
+    "InvalidSubject",
+    "check_subject",
+    "is_valid_subject",
+    "private_first",
+]
 
 PRIVATE_PREFIX = "/migratory/mqtt/"
 """The server's private state (MQTT session records and claims): no client reads or writes it, wildcards
@@ -64,3 +71,10 @@ def is_valid_subject(subject: str) -> bool:
     except InvalidSubject:
         return False
     return True
+
+
+def private_first(subjects: list[str]) -> list[str]:
+    """``subjects`` with the private ones first, in place: a state sync sends them ahead (the MQTT session
+    records say which subjects the receiving replica is to cache)."""
+    subjects.sort(key=lambda subject: not subject.startswith(PRIVATE_PREFIX))
+    return subjects

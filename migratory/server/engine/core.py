@@ -58,7 +58,7 @@ from migratory.server.engine.forwards import Forwards
 from migratory.server.engine.streams import StreamRegistry
 from migratory.server.engine.timers import TimerWheel
 from migratory.server.engine.types import PRIVATE_PREFIX, Client, Origin, Publisher, PublishResult, Reply, Stats
-from migratory.subjects import InvalidSubject, check_subject
+from migratory.subjects import InvalidSubject, check_subject, private_first
 from migratory.subscriptions import (
     subject_set_add,
     subject_set_contains,
@@ -648,10 +648,7 @@ class Engine:
         """A (re)started peer: send it our whole state before anything else."""
         if self.bus is None:
             return
-        # the private subjects first: the MQTT session records say which subjects the peer is to cache
-        subjects = self.replica.subjects()
-        subjects.sort(key=lambda subject: not subject.startswith(PRIVATE_PREFIX))
-        for subject in subjects:
+        for subject in private_first(self.replica.subjects()):
             state = self.replica.sync(subject)
             if state is not None:
                 for frame in sync_frames(state):
