@@ -246,6 +246,9 @@ def run_cmd(
         None, help="TLS targets without --spawn: the CA file the server's certificate is checked against."
     ),
     as_json: Path | None = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
+    logs: Path | None = typer.Option(
+        None, help="A spawned cluster (--members 2+): copy every member's logs into this folder after the run."
+    ),
 ) -> None:
     """Run one workload and print the report (TLS targets: migratory-wss, nats-tls, mqtt-tls; MQTT
     targets: migratory-mqtt, mqtt, nats-mqtt)."""
@@ -294,6 +297,10 @@ def run_cmd(
         if not sep or not key.strip():
             raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
         config.settings[key.strip()] = value.strip()
+    if logs is not None:
+        if members < 2:
+            raise typer.BadParameter("--logs keeps a spawned cluster's logs: use it with --members 2 or more")
+        config.logs = str(logs)
     if config.target in TLS_TARGETS and not spawn and not config.ca:
         raise typer.BadParameter("--ca is needed for a TLS target that --spawn does not start")
     publishing = config.messages / config.rate if config.rate else 0.0

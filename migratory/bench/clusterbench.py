@@ -18,6 +18,7 @@ import contextlib
 import json
 import multiprocessing
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -120,6 +121,8 @@ def failover_at_scale(folder: Path, config: BenchConfig, members: int = 3, mode:
         actions = {"kill": lambda: cluster.kill(0), "restart": lambda: cluster.start(0), "rejoined": rejoined}
         report = run(config, actions=actions)
         report.member_warnings = _member_warnings(cluster)
+        report.pauses = pauses_by_phase(cluster, report.timeline)
+        _keep_logs(cluster, config.logs)
     report.target = f"migratory ({members} members, {mode}, member 1 SIGKILLed and restarted)"
     return report
 
@@ -145,12 +148,20 @@ def on_cluster(
         config.spawn = False  # the cluster is the server
         report = run(config)
         report.member_warnings = _member_warnings(cluster)
+        report.pauses = pauses_by_phase(cluster, report.timeline)
+        _keep_logs(cluster, config.logs)
     report.target = f"migratory ({members} members, {mode}{', publisher apart' if publisher_apart else ''})"
     return report
 
 
 _WORKER_PAUSE = re.compile(
     r"^worker \d+: (?:event loop stalled for|garbage collection of generation \d+ held the process for) ([\d.]+) s"
+)
+# pauses.py's lines: which process, what kind (a collection, a starved loop, a long task) and how long
+_PAUSE = re.compile(
+    r"^(?P<who>worker \d+|member agent): (?:garbage collection of generation (?P<gen>\d+) held the process for"
+    r" (?P<gc>[\d.]+) s|event loop stalled for (?P<late>[\d.]+) s, (?P<busy>[\d.]+) s of it on the CPU"
+    r" \((?P<cause>[^)]*)\))"
 )
 
 
@@ -163,13 +174,7 @@ def _member_warnings(cluster: LocalCluster, keep: int = 20) -> list[str]:
     for index in range(len(cluster.members)):
         lines = []
         pauses: list[float] = []
-        for line in cluster.server_log(index).splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(record, dict) or record.get("level") not in ("WARNING", "ERROR", "CRITICAL"):
-                continue
+        for record in _warnings(cluster, index):
             message = str(record.get("msg", ""))
             pause = _WORKER_PAUSE.match(message)
             if pause:
@@ -185,6 +190,57 @@ def _member_warnings(cluster: LocalCluster, keep: int = 20) -> list[str]:
                 f" the longest {max(pauses):.1f} s"
             )
     return out
+
+
+def _keep_logs(cluster: LocalCluster, into: str) -> None:
+    """Copy every member's logs to ``into``/member-N (``--logs``): the run's folder is removed after it."""
+    if not into:
+        return
+    for member in cluster.members:
+        source = member.folder / "logs"
+        if source.is_dir():
+            shutil.copytree(source, Path(into) / member.folder.name, dirs_exist_ok=True)
+
+
+def _warnings(cluster: LocalCluster, index: int) -> Iterator[dict[str, Any]]:
+    """Member ``index``'s log records at WARNING or worse, in order."""
+    for line in cluster.server_log(index).splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("level") in ("WARNING", "ERROR", "CRITICAL"):
+            yield record
+
+
+def pauses_by_phase(cluster: LocalCluster, timeline: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The members' pauses (pauses.py) placed in the run's phases by their timestamps: per phase (the
+    timeline entry each follows: ``connected`` is the clients' subscribing done, ``publishing`` the
+    publishing, ``drained`` the teardown), how many worker collections, worker stalls waiting for a
+    core, worker long tasks and agent pauses, and the longest of each. Says which phase a tail comes
+    from, and whether the agent (the member links' heartbeats) ever stopped."""
+    marks = sorted((at, name) for name, at in timeline.items())
+    table: dict[str, dict[str, Any]] = {}
+    for index in range(len(cluster.members)):
+        for record in _warnings(cluster, index):
+            found = _PAUSE.match(str(record.get("msg", "")))
+            if not found:
+                continue
+            at = str(record.get("ts", ""))
+            phase = "before"
+            for mark, name in marks:
+                if mark <= at:
+                    phase = name
+            if found["gc"] is not None:
+                kind, seconds = f"collection (generation {found['gen']})", float(found["gc"])
+            else:
+                kind, seconds = ("starved" if "waiting" in found["cause"] else "long task"), float(found["late"])
+            who = "agent" if found["who"] == "member agent" else "worker"
+            row = table.setdefault(phase, {})
+            entry = row.setdefault(f"member {index} {who} {kind}", {"count": 0, "longest_s": 0.0})
+            entry["count"] += 1
+            entry["longest_s"] = max(entry["longest_s"], seconds)
+    return table
 
 
 @dataclass

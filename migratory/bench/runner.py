@@ -60,6 +60,7 @@ class BenchConfig:
     # "kill" action (a member's SIGKILL) and the "restart" action (the same member back); 0: never
     kill_after: float = 0.0
     restart_after: float = 0.0
+    logs: str = ""  # a spawned cluster: a folder to copy every member's logs into after the run
 
 
 @dataclass
@@ -109,6 +110,8 @@ class Report:
     # a local cluster: what its members logged at WARNING or worse (a dropped member link, a stalled
     # process), the teardown included; context for the figures, not a failure of the run by itself
     member_warnings: list[str] = field(default_factory=list)
+    # the same members' pauses (stalls, long collections; worker and agent) by phase of the run
+    pauses: dict[str, dict[str, Any]] = field(default_factory=dict)
     # a failover run: the displaced clients' outage, latency by phase, sequence checks (roaming.py)
     failover: dict[str, Any] = field(default_factory=dict)
 

@@ -19,7 +19,7 @@ __all__ = ["watch"]
 log = logging.getLogger("migratory.server")
 
 CHECK_EVERY = 0.5  # seconds between the loop's own timer turns
-STALL = 1.0  # a turn this much later than asked is reported
+STALL = 0.5  # a turn this much later than asked is reported (half the maximum latency a run may show)
 LONG_GC = 0.25  # a collection that held the process this long is reported
 
 
