@@ -25,15 +25,25 @@ _console = Console(highlight=False)
 
 _PHASES = ("connected", "publishing", "drained", "closed")  # the report's timeline, as hh:mm:ss.mmm
 
+
+def _pauses(table: dict[str, dict[str, Any]]) -> str:
+    """The report's pauses, one phase after another: ``publishing: member 0 worker starved 6 (0.9 s); ...``."""
+    return "; ".join(
+        f"{phase}: " + ", ".join(f"{who} {e['count']} ({e['longest_s']:.1f} s)" for who, e in sorted(row.items()))
+        for phase, row in table.items()
+    )
+
+
 _ROWS: list[tuple[str, Callable[[Report], str]]] = [
     ("connections established", lambda r: f"{r.connected:,} / {r.clients:,}"),
     ("connect rate (conn/s)", lambda r: f"{r.connect_rate:,.0f}"),
+    ("upgrades refused 503 and retried", lambda r: f"{r.connect_refused_retried:,}"),
     ("messages published", lambda r: f"{r.published:,}"),
     ("messages delivered", lambda r: f"{r.delivered:,} / {r.expected_deliveries:,}"),
     ("deliveries/s", lambda r: f"{r.deliveries_per_second:,.0f}"),
     (
-        "latency p50 / p90 / p99 / max (ms)",
-        lambda r: " / ".join(f"{r.latency_ms.get(k, 0):g}" for k in ("p50", "p90", "p99", "max")),
+        "latency p50 / p90 / p99 / p99.9 / max (ms)",
+        lambda r: " / ".join(f"{r.latency_ms.get(k, 0):g}" for k in ("p50", "p90", "p99", "p99.9", "max")),
     ),
     ("latency mean (ms)", lambda r: f"{r.latency_ms.get('mean', 0):g}"),
     ("server CPU (s), of which system", lambda r: f"{r.server_cpu_seconds:.2f}, {r.server_cpu_system_seconds:.2f}"),
@@ -91,6 +101,7 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
     ),
     ("errors", lambda r: escape("; ".join(r.errors)) or "none"),  # server text: never read as markup
     ("cluster members' warnings", lambda r: escape("; ".join(r.member_warnings)) or "none"),
+    ("members' pauses by phase (count, longest s)", lambda r: escape(_pauses(r.pauses)) or "none"),
 ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import random
 import resource
 import socket
 import ssl
@@ -111,6 +112,10 @@ class _State:
         self.reasons: dict[str, int] = {}  # why clients failed to connect, and how many
         self.ready = 0
         self.errors = 0
+        self.refused = 0  # upgrades answered 503 (a member not ready for a moment), retried as a client would
+
+
+REFUSED_RETRIES = 5  # a 503 to an upgrade is tried again, after 0.5-1.5 s, this many times
 
 
 class _Client(asyncio.Protocol):
@@ -194,25 +199,34 @@ async def connect_from(sock: socket.socket, source: str, endpoint: tuple[str, in
 
 
 async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State, source: str) -> asyncio.Transport | None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        await connect_from(sock, source, (spec.host, spec.port))
-        codec = codec_for(spec.target)
-        transport, client = await open_client(
-            sock, spec.target, spec.host, spec.ca, lambda: _Client(state, codec, len(subjects))
-        )
-        transport.write(codec.hello(spec.host, subjects))
-        if isinstance(codec, StreamCodec):
-            await asyncio.wait_for(client.opened, 60)
-            await asyncio.wait_for(_post(spec, *codec.posts(spec.host, subjects)), 60)
-        await asyncio.wait_for(client.ready, 60)
-        return transport
-    except (OSError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
-        state.errors += 1
-        reason = f"{type(exc).__name__}: {exc}"[:100]
-        state.reasons[reason] = state.reasons.get(reason, 0) + 1
-        sock.close()
-        return None
+    """One client connected and subscribed, or None (counted, with its reason). A member that answers the
+    upgrade 503 (not ready: a worker that did not run for seconds waits for its agent's word) is tried
+    again after a jittered pause, as the client libraries do; the retries are counted apart."""
+    for attempt in range(REFUSED_RETRIES + 1):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            await connect_from(sock, source, (spec.host, spec.port))
+            codec = codec_for(spec.target)
+            transport, client = await open_client(
+                sock, spec.target, spec.host, spec.ca, functools.partial(_Client, state, codec, len(subjects))
+            )
+            transport.write(codec.hello(spec.host, subjects))
+            if isinstance(codec, StreamCodec):
+                await asyncio.wait_for(client.opened, 60)
+                await asyncio.wait_for(_post(spec, *codec.posts(spec.host, subjects)), 60)
+            await asyncio.wait_for(client.ready, 60)
+            return transport
+        except (OSError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
+            sock.close()
+            if attempt < REFUSED_RETRIES and " 503 " in str(exc):
+                state.refused += 1
+                await asyncio.sleep(0.5 + random.random())
+                continue
+            state.errors += 1
+            reason = f"{type(exc).__name__}: {exc}"[:100]
+            state.reasons[reason] = state.reasons.get(reason, 0) + 1
+            return None
+    return None
 
 
 async def _run(spec: LoaderSpec, pipe: Connection) -> None:
@@ -228,7 +242,7 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
 
     opened = await asyncio.gather(*(one(i, s) for i, s in enumerate(spec.subjects)))
     transports = [t for t in opened if t is not None]
-    pipe.send(("connected", len(transports), state.errors, time.monotonic() - started, state.reasons))
+    pipe.send(("connected", len(transports), state.errors, time.monotonic() - started, state.reasons, state.refused))
 
     # The pipe stays a blocking descriptor (no add_reader: it would make our sends
     # non-blocking and fail when the parent is busy); commands are polled instead.

@@ -73,6 +73,7 @@ class Report:
     rate: float
     connected: int = 0
     connect_errors: int = 0
+    connect_refused_retried: int = 0  # upgrades answered 503 (a member not ready) and tried again, as clients do
     connect_seconds: float = 0.0
     connect_rate: float = 0.0
     published: int = 0
@@ -265,6 +266,7 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
         message = pipe.recv()
         report.connected += message[1]
         report.connect_errors += message[2]
+        report.connect_refused_retried += message[5] if len(message) > 5 else 0
         for reason, count in message[4].items():
             reasons[reason] = reasons.get(reason, 0) + count
         notify("connect", {"connected": report.connected, "clients": config.clients})

@@ -5,9 +5,11 @@ through it, subscriber counts reach the other members through it, and its heartb
 the member links up. On a saturated host the kernel shares the cores evenly among runnable
 processes, so with 50 busy workers the agent gets a fiftieth of a core and falls seconds
 behind while clients subscribe en masse; its peers then hear no heartbeat and drop the
-link. Ten nice levels below the workers, the agent weighs as much as about nine of them
-(the kernel's weights grow 1.25x a level), which only matters when the cores are
-saturated: an idle agent takes nothing from anyone.
+link. Twenty nice levels below the workers (nice -20 from 0), the agent weighs as much as
+about 87 of them (the kernel's weights grow 1.25x a level), which only matters when the cores
+are saturated: an idle agent takes nothing from anyone. Ten levels (nine workers' weight) held
+the links while a million clients subscribed, but not while they all disconnected at once,
+with about 110 processes runnable (bench/million.md).
 
 Lowering a nice value needs CAP_SYS_NICE or an RLIMIT_NICE that allows it (systemd:
 ``LimitNICE=``; the package's unit sets it). Without either the agent runs at the
@@ -23,7 +25,7 @@ __all__ = ["AGENT_PRECEDENCE", "precede"]
 
 log = logging.getLogger("migratory.server")
 
-AGENT_PRECEDENCE = 10  # nice levels below the rest of the server
+AGENT_PRECEDENCE = 20  # nice levels below the rest of the server (clamped at -20)
 
 
 def precede(name: str, levels: int = AGENT_PRECEDENCE) -> int | None:
