@@ -134,9 +134,10 @@ class _Client(asyncio.Protocol):
         try:
             payloads, answer = self.codec.feed(data)
         except (ConnectionError, ValueError) as exc:
-            self.state.errors += 1
             if not self.ready.done():
-                self.ready.set_exception(ConnectionError(str(exc)))
+                self.ready.set_exception(ConnectionError(str(exc)))  # counted once, by _connect
+            else:
+                self.state.errors += 1
             return
         if answer and self.transport is not None:
             self.transport.write(answer)

@@ -212,7 +212,6 @@ async def serve_agent(
     await bus.start()
     await links.start(sock)
     heap.serving()
-    heap.pace(loop, workers, workers + 1)  # after every worker's slot
     log.info(
         "member %d of %d (%s, %s delivery) started; looking for the other members",
         config.member_index,

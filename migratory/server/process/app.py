@@ -246,7 +246,6 @@ async def serve(
         else:
             servers.append(await loop.create_server(_factory(engine, listener, scheme), sock=sock, backlog=BACKLOG))
     heap.serving()
-    heap.pace(loop, worker, workers + 1)  # the member agent, if any, takes the last slot
     log.info(
         "worker %d/%d serving %s, epoch %d",
         worker,
