@@ -38,6 +38,10 @@ _ROWS: list[tuple[str, Callable[[Report], str]]] = [
     ("connections established", lambda r: f"{r.connected:,} / {r.clients:,}"),
     ("connect rate (conn/s)", lambda r: f"{r.connect_rate:,.0f}"),
     ("upgrades refused 503 and retried", lambda r: f"{r.connect_refused_retried:,}"),
+    (
+        "server CPU connecting (s), per connection (us)",
+        lambda r: f"{r.server_cpu_seconds_connecting:.2f}, {r.server_cpu_us_per_connection:,.1f}",
+    ),
     ("messages published", lambda r: f"{r.published:,}"),
     ("messages delivered", lambda r: f"{r.delivered:,} / {r.expected_deliveries:,}"),
     ("deliveries/s", lambda r: f"{r.deliveries_per_second:,.0f}"),
@@ -395,6 +399,50 @@ def peers_cmd(
     _console.print(_table(reports))
     if as_json is not None:
         as_json.write_text(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")
+
+
+@app.command("tls-storm")
+def tls_storm_cmd(
+    clients: int = typer.Option(20_000, min=1, help="Clients in each storm."),
+    workers: int = typer.Option(2, min=1, help="Workers of the spawned wss:// server."),
+    processes: int = typer.Option(2, min=1, help="Client processes."),
+    concurrency: int = typer.Option(200, min=1, help="Handshakes in flight per client process."),
+    sources: str = typer.Option("", help="Source addresses, e.g. 127.0.1.1,127.0.1.2 [default: 127.0.0.1]."),
+    as_json: Path | None = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
+) -> None:
+    """A storm of full TLS 1.3 handshakes, then the same clients resuming with session tickets: the
+    server's CPU per connection for each, and how many resumed."""
+    from migratory.bench.tlsstorm import storm
+
+    report = storm(clients, workers, processes, concurrency, sources)
+    table = Table(show_header=True)
+    table.add_column("storm")
+    for name in ("connected", "resumed", "wall (s)", "server CPU (s)", "server CPU a connection (us)"):
+        table.add_column(name, justify="right")
+    table.add_row(
+        "full handshakes",
+        f"{report.full_connected:,}",
+        "-",
+        f"{report.full_seconds:.2f}",
+        f"{report.full_server_cpu_seconds:.2f}",
+        f"{report.full_server_cpu_us_per_connection:,.1f}",
+    )
+    table.add_row(
+        "with tickets",
+        f"{report.resumed_connected:,}",
+        f"{report.resumed_reused:,}",
+        f"{report.resumed_seconds:.2f}",
+        f"{report.resumed_server_cpu_seconds:.2f}",
+        f"{report.resumed_server_cpu_us_per_connection:,.1f}",
+    )
+    _console.print(table)
+    _console.print(f"cipher {report.cipher}; resumed / full CPU a connection: {report.saved_ratio:.3f}", markup=False)
+    for error in report.errors:
+        _console.print(f"error: {error}", markup=False)
+    if as_json is not None:
+        as_json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    if report.errors:
+        raise typer.Exit(1)
 
 
 @app.command("logs")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import multiprocessing.connection
 import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, cast
 
@@ -83,6 +85,10 @@ class Report:
     deliveries_per_second: float = 0.0
     latency_ms: dict[str, float] = field(default_factory=dict)
     server_cpu_seconds: float = 0.0
+    # from before the first client until every client is connected and subscribed: what accepting costs
+    # (with TLS, the handshakes: the difference from the same run without TLS)
+    server_cpu_seconds_connecting: float = 0.0
+    server_cpu_us_per_connection: float = 0.0
     server_cpu_system_seconds: float = 0.0
     server_cpu_us_per_delivery: float = 0.0
     loader_cpu_seconds: float = 0.0  # the load generators' own CPU while publishing (they share the machine)
@@ -215,6 +221,46 @@ def run(config: BenchConfig, progress: Progress | None = None, actions: Actions 
             server.stop()
 
 
+LOADER_CLOSE_TIMEOUT = 120.0  # seconds every loader gets, after "stop", to send its last counts and "closed"
+
+
+def _collect_closed(
+    loaders: list[tuple[Any, Connection]],
+    delivered: list[int],
+    loader_cpu: list[float],
+    roams: list[Any],
+    report: Report,
+) -> None:
+    """Every loader's last words after "stop", read from all pipes at once (a loader blocked writing a
+    large last message must not wait behind another's), within LOADER_CLOSE_TIMEOUT; a loader that
+    does not close is terminated and reported, so that the run still ends with its report."""
+    index = {id(pipe): i for i, (_, pipe) in enumerate(loaders)}
+    open_pipes = [pipe for _, pipe in loaders]
+    deadline = time.monotonic() + LOADER_CLOSE_TIMEOUT
+    while open_pipes and time.monotonic() < deadline:
+        for pipe in multiprocessing.connection.wait(open_pipes, timeout=max(0.0, deadline - time.monotonic())):
+            assert isinstance(pipe, Connection)
+            i = index[id(pipe)]
+            try:
+                message = pipe.recv()
+            except EOFError:
+                report.errors.append(f"load generator {i} exited before reporting its last counts")
+                open_pipes.remove(pipe)
+                continue
+            if message[0] == "closed":
+                open_pipes.remove(pipe)
+                if len(message) > 2 and message[2]:
+                    report.errors.append(f"load generator {i}: {message[2]} clients did not end when cancelled")
+            elif message[0] == "roam":  # the last counts, after the drain
+                delivered[i], _, loader_cpu[i], roams[i] = message[1:5]
+    for pipe in open_pipes:
+        i = index[id(pipe)]
+        report.errors.append(f"load generator {i} did not close within {LOADER_CLOSE_TIMEOUT:.0f} s: terminated")
+        loaders[i][0].terminate()
+    for proc, _ in loaders:
+        proc.join(30)
+
+
 def _utc_now() -> str:
     """The members' log format (ISO 8601, milliseconds, Z), so the two read side by side."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -233,6 +279,7 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
         time.sleep(0.5)
         report.server_rss_mb_before = meter.rss_bytes() / 2**20
         report.server_pss_mb_before = meter.pss_bytes() / 2**20
+    cpu_started = sum(meter.cpu_split()) if meter is not None else 0.0
     context = multiprocessing.get_context("fork")
     report.sockstat_before = sockstat()
     per_process = [range(i, config.clients, config.processes) for i in range(config.processes)]
@@ -309,7 +356,11 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
         report.server_pss_mb_per_process_before = round(report.server_pss_mb_before / processes, 2)
         report.server_rss_mb_connected = meter.rss_bytes() / 2**20
         report.server_pss_mb_connected = meter.pss_bytes() / 2**20
+        report.server_cpu_seconds_connecting = round(sum(meter.cpu_split()) - cpu_started, 3)
         if report.connected:
+            report.server_cpu_us_per_connection = round(
+                report.server_cpu_seconds_connecting * 1e6 / report.connected, 1
+            )
             report.server_bytes_per_connection = round(
                 (report.server_rss_mb_connected - report.server_rss_mb_before) * 2**20 / report.connected, 1
             )
@@ -367,14 +418,7 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
     report.timeline["stopping"] = _utc_now()
     for _, pipe in loaders:
         pipe.send("stop")
-    for i, (proc, pipe) in enumerate(loaders):
-        while True:
-            message = pipe.recv()
-            if message[0] == "closed":
-                break
-            if message[0] == "roam":  # the last counts, after the drain
-                delivered[i], _, loader_cpu[i], roams[i] = message[1:5]
-        proc.join(30)
+    _collect_closed(loaders, delivered, loader_cpu, roams, report)
     if roaming and config.messages:
         report.delivered = sum(delivered)
         _failover_report(report, roams, control)
