@@ -119,10 +119,12 @@ def failover_at_scale(folder: Path, config: BenchConfig, members: int = 3, mode:
             cluster.wait_view(0, set(range(members)), timeout=300)
 
         actions = {"kill": lambda: cluster.kill(0), "restart": lambda: cluster.start(0), "rejoined": rejoined}
-        report = run(config, actions=actions)
+        try:
+            report = run(config, actions=actions)
+        finally:
+            _keep_logs(cluster, config.logs)  # a run that failed is the one whose logs are wanted
         report.member_warnings = _member_warnings(cluster)
         report.pauses = pauses_by_phase(cluster, report.timeline)
-        _keep_logs(cluster, config.logs)
     report.target = f"migratory ({members} members, {mode}, member 1 SIGKILLed and restarted)"
     return report
 
@@ -146,10 +148,12 @@ def on_cluster(
         config.endpoints = [(m.host, m.client_port) for m in cluster.members[:serving]]
         config.server_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
         config.spawn = False  # the cluster is the server
-        report = run(config)
+        try:
+            report = run(config)
+        finally:
+            _keep_logs(cluster, config.logs)
         report.member_warnings = _member_warnings(cluster)
         report.pauses = pauses_by_phase(cluster, report.timeline)
-        _keep_logs(cluster, config.logs)
     report.target = f"migratory ({members} members, {mode}{', publisher apart' if publisher_apart else ''})"
     return report
 

@@ -469,6 +469,7 @@ class _FaultControl:
         self.recovered_at = 0.0
         self.restarted_at = 0.0
         self.restart_seconds = 0.0
+        self.rejoin_error = ""  # the restarted member did not rejoin (the wait's error)
         self.pending: asyncio.Future[object] | None = None
 
     def recovered(self) -> tuple[int, int]:
@@ -520,8 +521,12 @@ class _FaultControl:
             while not self.pending.done():
                 self.poll()
                 await asyncio.sleep(0.05)
-            self.pending.result()
-            self.restart_seconds = loop.time() - self.restarted_at
+            try:
+                self.pending.result()
+            except (RuntimeError, TimeoutError) as exc:  # reported with the run's figures, not instead of them
+                self.rejoin_error = str(exc)[:300]
+            else:
+                self.restart_seconds = loop.time() - self.restarted_at
 
 
 def _hist_ms(h: list[Any]) -> dict[str, float]:
@@ -572,7 +577,9 @@ def _failover_report(report: Report, roams: list[dict[str, Any]], control: _Faul
                 f"{counts['awaiting']} of {counts['displaced']} displaced clients never recovered "
                 f"({control.displaced} were on the killed member)"
             )
-        if control.config.restart_after and not control.restart_seconds:
+        if control.rejoin_error:
+            report.errors.append(f"the restarted member did not rejoin: {control.rejoin_error}")
+        elif control.config.restart_after and not control.restart_seconds:
             report.errors.append("the killed member was not restarted: --restart-after is past the end of publishing")
     report.failover = failover
     if counts["gaps"] or counts["duplicates"] or counts["resyncs"]:

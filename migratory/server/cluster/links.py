@@ -26,6 +26,7 @@ import secrets
 import socket
 import ssl
 import struct
+from collections import deque
 from collections.abc import Callable
 from typing import cast
 
@@ -39,6 +40,7 @@ log = logging.getLogger("migratory.cluster")
 
 HANDSHAKE_TIMEOUT = 5.0
 MAX_BACKLOG = 256 * 1024 * 1024
+FRAMES_PER_TURN = 256  # frames of a peer handed on per loop turn: heartbeats (ours, and theirs read) never wait long
 _IDS = struct.Struct("!QQQ")
 
 
@@ -91,6 +93,8 @@ class _Link(asyncio.Protocol):
         self.pending: list[bytes] = []
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
+        self._backlog: deque[b.BusFrame] = deque()  # decoded, not yet handed on (FRAMES_PER_TURN)
+        self._draining: asyncio.Handle | None = None
 
     # --- asyncio.Protocol -----------------------------------------------------------------
 
@@ -131,14 +135,35 @@ class _Link(asyncio.Protocol):
             else:
                 self.refuse(f"corrupt frame: {exc}")
             return
-        for frame in frames:
-            if self.transport is None:
+        self._backlog.extend(frames)
+        if self._draining is None:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Hand on at most FRAMES_PER_TURN frames, then let the loop turn (and reading wait) before the rest:
+        a peer's whole state (10,000 subjects, each relayed to every worker) handed on in one turn held a
+        rejoining member's agent for seconds on a saturated host, its heartbeats went out late, the peers
+        dropped the link and sent their state again on the next (bench/million.md, the failover)."""
+        self._draining = None
+        transport = self.transport
+        handed = 0
+        while self._backlog and transport is not None and self.transport is transport:
+            if handed >= FRAMES_PER_TURN:
+                transport.pause_reading()
+                self._draining = asyncio.get_running_loop().call_soon(self._drain)
                 return
-            self.links.received(self.peer, frame)
+            self.links.received(self.peer, self._backlog.popleft())
+            handed += 1
+        if transport is not None and self.transport is transport and not transport.is_reading():
+            transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+        self._backlog.clear()
         self.transport = None
         if self.up:
             self.up = False
