@@ -1,8 +1,13 @@
 """A storm of TLS reconnections: full handshakes, then the same clients resuming with session tickets.
 
 Issue 35 (item 3) asks what a reconnect storm of encrypted clients costs the server, and how much
-TLS 1.3 session resumption saves. ``migratory bench tls-storm`` starts the server (``wss://`` on
-the lean record layer, OpenSSL doing the handshakes), then, from several client processes:
+TLS 1.3 session resumption saves. ``migratory bench tls-storm`` runs, from several client processes
+(each client from one of several loopback addresses, closing abortively so that it can come back
+at once from the same address):
+
+0. **plain**: N clients connect to a ``ws://`` server and upgrade (the floor: accept, HTTP, close);
+
+then against a ``wss://`` server (the lean record layer, OpenSSL doing the handshakes):
 
 1. **full**: N clients connect, complete a full TLS 1.3 handshake and a WebSocket upgrade
    (which also delivers the server's NewSessionTicket messages), and keep the session;
@@ -11,8 +16,9 @@ the lean record layer, OpenSSL doing the handshakes), then, from several client 
    (``SSLContext.wrap_bio(session=...)``), and upgrade again.
 
 For each storm: the server's CPU (every process, user + system) from the first connect until
-every client has its 101 answer, per connection; the storm's wall time; and how many handshakes
-the server actually resumed (``SSLObject.session_reused`` on the client). The clients drive
+every client has its 101 answer, per connection (over the plain storm's: the handshake's cost); the
+storm's wall time; and how many handshakes the server actually resumed
+(``SSLObject.session_reused`` on the client). The clients drive
 OpenSSL through memory BIOs, as the event loop's own TLS transport would not let them offer a
 session. The workers are forked from the supervisor after it built the TLS context, so they share
 its ticket keys: a ticket issued by one worker resumes on another.
@@ -24,12 +30,13 @@ import asyncio
 import multiprocessing
 import socket
 import ssl
+import struct
 import time
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from migratory.bench.servers import MultiMeter, ProcessMeter, spawn
+from migratory.bench.servers import ProcessMeter, spawn
 
 __all__ = ["StormReport", "storm"]
 
@@ -45,6 +52,10 @@ class StormReport:
     workers: int
     processes: int
     cipher: str = ""
+    plain_connected: int = 0  # the same storm over ws:// (no TLS): the floor the handshakes add to
+    plain_seconds: float = 0.0
+    plain_server_cpu_seconds: float = 0.0
+    plain_server_cpu_us_per_connection: float = 0.0
     full_connected: int = 0
     full_seconds: float = 0.0
     full_server_cpu_seconds: float = 0.0
@@ -54,7 +65,9 @@ class StormReport:
     resumed_seconds: float = 0.0
     resumed_server_cpu_seconds: float = 0.0
     resumed_server_cpu_us_per_connection: float = 0.0
-    saved_ratio: float = 0.0  # resumed CPU a connection / full CPU a connection
+    handshake_us_full: float = 0.0  # server CPU a connection over the plain storm's: the TLS handshake
+    handshake_us_resumed: float = 0.0
+    saved_ratio: float = 0.0  # resumed handshake CPU / full handshake CPU
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -62,53 +75,70 @@ class StormReport:
 
 
 class _Client:
-    """One TLS client over a non-blocking socket and two memory BIOs."""
+    """One client over a non-blocking socket: plain, or TLS through two memory BIOs (so it can offer a session)."""
 
-    def __init__(self, context: ssl.SSLContext, host: str, session: ssl.SSLSession | None) -> None:
+    def __init__(self, context: ssl.SSLContext | None, host: str, session: ssl.SSLSession | None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setblocking(False)
         self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname=host, session=session)
+        self.tls = (
+            context.wrap_bio(self.incoming, self.outgoing, server_hostname=host, session=session)
+            if context is not None
+            else None
+        )
 
     async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         data = self.outgoing.read()
         if data:
             await loop.sock_sendall(self.sock, data)
 
-    async def _fill(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _fill(self, loop: asyncio.AbstractEventLoop) -> bytes:
         chunk = await loop.sock_recv(self.sock, 65536)
         if not chunk:
             raise ConnectionError("the server closed the connection")
-        self.incoming.write(chunk)
+        if self.tls is not None:
+            self.incoming.write(chunk)
+        return chunk
 
     async def run(self, loop: asyncio.AbstractEventLoop, address: tuple[str, int], source: str) -> None:
         """Connect, handshake, upgrade; return once the 101 answer (and the tickets before it) arrived."""
         self.sock.bind((source, 0))
         await loop.sock_connect(self.sock, address)
-        while True:
-            try:
-                self.tls.do_handshake()
-                break
-            except ssl.SSLWantReadError:
-                await self._flush(loop)
-                await self._fill(loop)
-        self.tls.write(_UPGRADE.format(host=address[0]).encode())
-        await self._flush(loop)
+        request = _UPGRADE.format(host=address[0]).encode()
         answer = b""
-        while b"\r\n\r\n" not in answer:
-            try:
-                answer += self.tls.read(65536)
-            except ssl.SSLWantReadError:
-                await self._fill(loop)
+        if self.tls is None:
+            await loop.sock_sendall(self.sock, request)
+            while b"\r\n\r\n" not in answer:
+                answer += await self._fill(loop)
+        else:
+            while True:
+                try:
+                    self.tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    await self._flush(loop)
+                    await self._fill(loop)
+            self.tls.write(request)
+            await self._flush(loop)
+            while b"\r\n\r\n" not in answer:
+                try:
+                    answer += self.tls.read(65536)
+                except ssl.SSLWantReadError:
+                    await self._fill(loop)
         if not answer.startswith(b"HTTP/1.1 101"):
             raise ConnectionError(f"upgrade refused: {answer[:40]!r}")
 
     def close(self) -> None:
+        """Abortive (RST, no TIME_WAIT): the same clients come back at once from the same addresses."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
         self.sock.close()
 
 
+_LINGER_ABORT = struct.pack("ii", 1, 0)
+
+
 async def _wave(
-    context: ssl.SSLContext,
+    context: ssl.SSLContext | None,
     address: tuple[str, int],
     sources: list[str],
     sessions: list[ssl.SSLSession | None],
@@ -136,24 +166,29 @@ async def _wave(
     return [c for c in clients if c is not None], errors
 
 
-def _client_main(
-    address: tuple[str, int], ca: str, sources: list[str], count: int, concurrency: int, pipe: Connection
-) -> None:
-    """A client process: ``count`` clients, full storm then resumed storm, each on the parent's word."""
+def _client_main(sources: list[str], count: int, concurrency: int, pipe: Connection) -> None:
+    """A client process: ``count`` clients per wave; each wave on the parent's word
+    ``(address, ca, resume)``, answered with what connected, then closed on the next word."""
     import uvloop
 
     async def main() -> None:
-        context = ssl.create_default_context(cafile=ca)
-        context.minimum_version = ssl.TLSVersion.TLSv1_3
         sessions: list[ssl.SSLSession | None] = [None] * count
-        for phase in ("full", "resumed"):
-            if pipe.recv() != phase:
-                raise RuntimeError(f"expected {phase!r} from the parent")
-            done, errors = await _wave(context, address, sources, sessions, concurrency)
-            reused = sum(1 for c in done if c.tls.session_reused)
-            cipher = done[0].tls.cipher() if done else None
-            if phase == "full":
-                sessions = [c.tls.session for c in done] + [None] * (count - len(done))
+        contexts: dict[str, ssl.SSLContext] = {}
+        while True:
+            order = pipe.recv()
+            if order is None:
+                return
+            address, ca, resume = order
+            context = contexts.get(ca) if ca else None
+            if ca and context is None:  # one per server: a session resumes only from the context that made it
+                context = contexts[ca] = ssl.create_default_context(cafile=ca)
+                context.minimum_version = ssl.TLSVersion.TLSv1_3
+            offered: list[ssl.SSLSession | None] = sessions if resume else [None] * count
+            done, errors = await _wave(context, address, sources, offered, concurrency)
+            reused = sum(1 for c in done if c.tls is not None and c.tls.session_reused)
+            cipher = done[0].tls.cipher() if done and done[0].tls is not None else None
+            if ca and not resume:
+                sessions = [c.tls.session for c in done if c.tls is not None] + [None] * (count - len(done))
             pipe.send((len(done), reused, cipher[0] if cipher else "", errors))
             pipe.recv()  # "close"
             for c in done:
@@ -163,73 +198,85 @@ def _client_main(
     uvloop.run(main())
 
 
+def _addresses(count: int) -> list[str]:
+    return [f"127.0.2.{1 + n}" for n in range(count)]
+
+
 def storm(
     clients: int = 20_000, workers: int = 2, processes: int = 2, concurrency: int = 200, sources: str = ""
 ) -> StormReport:
-    """Run both storms against a spawned ``wss://`` server; see the module's docstring."""
+    """Run the three storms (plain, full TLS, resumed TLS); see the module's docstring."""
     report = StormReport(clients, workers, processes)
-    server = spawn("migratory-wss", workers=workers)
+    pool = [s for s in sources.split(",") if s] or _addresses(max(2, processes * 2))
+    context = multiprocessing.get_context("fork")
+    pipes, procs = [], []
+    for index in range(processes):
+        parent, child = context.Pipe()
+        count = len(range(index, clients, processes))
+        proc = context.Process(
+            target=_client_main, args=(pool[index::processes] or pool, count, concurrency, child), daemon=True
+        )
+        proc.start()
+        pipes.append(parent)
+        procs.append(proc)
     try:
-        meter = MultiMeter([ProcessMeter(server.proc.pid)])
-        pool = [s for s in sources.split(",") if s] or ["127.0.0.1"]
-        context = multiprocessing.get_context("fork")
-        pipes, procs = [], []
-        for index in range(processes):
-            count = len(range(index, clients, processes))
-            parent, child = context.Pipe()
-            proc = context.Process(
-                target=_client_main,
-                args=(
-                    (server.host, server.port),
-                    server.extra["ca"],
-                    pool[index::processes] or pool,
-                    count,
-                    concurrency,
-                    child,
-                ),
-                daemon=True,
-            )
-            proc.start()
-            pipes.append(parent)
-            procs.append(proc)
-        time.sleep(0.5)
-        for phase in ("full", "resumed"):
-            before, started = sum(meter.cpu_split()), time.monotonic()
-            for pipe in pipes:
-                pipe.send(phase)
-            answers = [pipe.recv() for pipe in pipes]
-            seconds, cpu = time.monotonic() - started, sum(meter.cpu_split()) - before
-            connected = sum(a[0] for a in answers)
-            for _, _, _, errors in answers:
-                for reason, count in errors.items():
-                    report.errors.append(f"{phase}: {count} x {reason}")
-            if phase == "full":
-                report.full_connected, report.full_seconds = connected, round(seconds, 2)
-                report.full_server_cpu_seconds = round(cpu, 2)
-                report.full_server_cpu_us_per_connection = round(cpu * 1e6 / max(connected, 1), 1)
-                report.cipher = next((a[2] for a in answers if a[2]), "")
-            else:
-                report.resumed_connected, report.resumed_seconds = connected, round(seconds, 2)
-                report.resumed_reused = sum(a[1] for a in answers)
-                report.resumed_server_cpu_seconds = round(cpu, 2)
-                report.resumed_server_cpu_us_per_connection = round(cpu * 1e6 / max(connected, 1), 1)
-            for pipe in pipes:
-                pipe.send("close")
-            for pipe in pipes:
-                pipe.recv()
-            time.sleep(1.0)  # the server's side of the closes, before the next storm is metered
-        if report.full_server_cpu_us_per_connection:
-            report.saved_ratio = round(
-                report.resumed_server_cpu_us_per_connection / report.full_server_cpu_us_per_connection, 3
-            )
+        for kind, waves in (("migratory", ("plain",)), ("migratory-wss", ("full", "resumed"))):
+            server = spawn(kind, workers=workers)
+            try:
+                meter = ProcessMeter(server.proc.pid)
+                time.sleep(0.5)
+                for wave in waves:
+                    _wave_measured(report, wave, meter, pipes, (server.host, server.port), server.extra.get("ca", ""))
+            finally:
+                server.stop()
+    finally:
+        for pipe in pipes:
+            pipe.send(None)
         for proc in procs:
             proc.join(10)
-    finally:
-        server.stop()
-    if report.full_connected < clients or report.resumed_connected < clients:
-        report.errors.append(
-            f"connected {report.full_connected} (full) and {report.resumed_connected} (resumed) of {clients}"
-        )
+    for name, ours in (("plain", report.plain_connected), ("full", report.full_connected)):
+        if ours < clients:
+            report.errors.append(f"{name}: connected {ours} of {clients}")
+    if report.resumed_connected < clients:
+        report.errors.append(f"resumed: connected {report.resumed_connected} of {clients}")
     if report.resumed_reused < report.resumed_connected:
         report.errors.append(f"{report.resumed_connected - report.resumed_reused} reconnections were not resumed")
+    if report.full_server_cpu_us_per_connection:
+        base = report.plain_server_cpu_us_per_connection
+        full, resumed = (
+            report.full_server_cpu_us_per_connection - base,
+            report.resumed_server_cpu_us_per_connection - base,
+        )
+        report.handshake_us_full = round(full, 1)
+        report.handshake_us_resumed = round(resumed, 1)
+        report.saved_ratio = round(resumed / full, 3) if full > 0 else 0.0
     return report
+
+
+def _wave_measured(
+    report: StormReport, wave: str, meter: ProcessMeter, pipes: list[Connection], address: tuple[str, int], ca: str
+) -> None:
+    """One storm of every client process at once, the server's CPU metered from its start to its last 101."""
+    before, started = sum(meter.cpu_split()), time.monotonic()
+    for pipe in pipes:
+        pipe.send((address, ca, wave == "resumed"))
+    answers = [pipe.recv() for pipe in pipes]
+    seconds, cpu = time.monotonic() - started, sum(meter.cpu_split()) - before
+    connected = sum(a[0] for a in answers)
+    for _, _, _, errors in answers:
+        for reason, count in errors.items():
+            report.errors.append(f"{wave}: {count} x {reason}")
+    per = round(cpu * 1e6 / max(connected, 1), 1)
+    setattr(report, f"{wave}_connected", connected)
+    setattr(report, f"{wave}_seconds", round(seconds, 2))
+    setattr(report, f"{wave}_server_cpu_seconds", round(cpu, 2))
+    setattr(report, f"{wave}_server_cpu_us_per_connection", per)
+    if wave == "resumed":
+        report.resumed_reused = sum(a[1] for a in answers)
+    if wave == "full":
+        report.cipher = next((a[2] for a in answers if a[2]), "")
+    for pipe in pipes:
+        pipe.send("close")
+    for pipe in pipes:
+        pipe.recv()
+    time.sleep(1.0)  # the server's side of the closes, before the next storm is metered
