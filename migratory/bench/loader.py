@@ -135,7 +135,10 @@ class _Client(asyncio.Protocol):
             payloads, answer = self.codec.feed(data)
         except (ConnectionError, ValueError) as exc:
             if not self.ready.done():
-                self.ready.set_exception(ConnectionError(str(exc)))  # counted once, by _connect
+                for future in (self.opened, self.ready):  # a stream's client waits on opened first
+                    if not future.done():
+                        future.set_exception(ConnectionError(str(exc)))
+                        future.exception()  # counted once, by _connect
             else:
                 self.state.errors += 1
             return
@@ -205,6 +208,7 @@ async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State, sou
     again after a jittered pause, as the client libraries do; the retries are counted apart."""
     for attempt in range(REFUSED_RETRIES + 1):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        transport: asyncio.Transport | None = None
         try:
             await connect_from(sock, source, (spec.host, spec.port))
             codec = codec_for(spec.target)
@@ -218,6 +222,8 @@ async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State, sou
             await asyncio.wait_for(client.ready, 60)
             return transport
         except (OSError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
+            if transport is not None:
+                transport.abort()  # the event loop's transport owns the socket once made
             sock.close()
             if attempt < REFUSED_RETRIES and " 503 " in str(exc):
                 state.refused += 1

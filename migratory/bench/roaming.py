@@ -309,6 +309,9 @@ async def _client(
             delay = min(delay * 2, BACKOFF_MAX)
             continue
         assert client.transport is not None
+        if state.stopping:  # a cancellation wait_for swallowed (3.11): the run is over, this client too
+            client.transport.abort()
+            return
         transports.add(client.transport)
         if not first.done():
             first.set_result(True)
@@ -382,6 +385,8 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
     # bounded: a million-client run once hung here for good on two tasks out of 18,000 (their sockets
     # still open, the loop idle), and the parent waited for this loader's word forever
     _, hung = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT)
+    for transport in list(transports):  # any a late client added meanwhile
+        transport.abort()
     pipe.send(("closed", len(transports), len(hung)))
 
 

@@ -257,8 +257,12 @@ def _collect_closed(
         i = index[id(pipe)]
         report.errors.append(f"load generator {i} did not close within {LOADER_CLOSE_TIMEOUT:.0f} s: terminated")
         loaders[i][0].terminate()
-    for proc, _ in loaders:
+    for i, (proc, _) in enumerate(loaders):
         proc.join(30)
+        if proc.is_alive():
+            report.errors.append(f"load generator {i} did not exit after closing: terminated")
+            proc.terminate()
+            proc.join(5)
 
 
 def _utc_now() -> str:
@@ -307,6 +311,7 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
         main = roamer_main if roaming else loader_main
         proc = context.Process(target=main, args=(spec, child), daemon=True)
         proc.start()
+        child.close()  # the loader's end lives in the loader only: its exit is an EOF here
         loaders.append((proc, parent))
     reasons: dict[str, int] = {}
     for _, pipe in loaders:
@@ -320,6 +325,7 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
     report.connect_seconds = round(time.monotonic() - started, 3)
     report.timeline["connected"] = _utc_now()
     report.connect_rate = round(report.connected / max(report.connect_seconds, 1e-9), 1)
+    cpu_connected = sum(meter.cpu_split()) if meter is not None else 0.0  # before any idle time
     if config.idle_seconds:
         time.sleep(config.idle_seconds)
     delivered = [0] * len(loaders)
@@ -356,7 +362,7 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
         report.server_pss_mb_per_process_before = round(report.server_pss_mb_before / processes, 2)
         report.server_rss_mb_connected = meter.rss_bytes() / 2**20
         report.server_pss_mb_connected = meter.pss_bytes() / 2**20
-        report.server_cpu_seconds_connecting = round(sum(meter.cpu_split()) - cpu_started, 3)
+        report.server_cpu_seconds_connecting = round(cpu_connected - cpu_started, 3)
         if report.connected:
             report.server_cpu_us_per_connection = round(
                 report.server_cpu_seconds_connecting * 1e6 / report.connected, 1

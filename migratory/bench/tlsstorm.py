@@ -152,11 +152,13 @@ async def _wave(
 
     async def one(i: int) -> None:
         async with gate:
-            client = _Client(context, address[0], sessions[i])
+            client = None
             try:
-                await client.run(loop, address, sources[i % len(sources)])
-            except (OSError, ConnectionError, ssl.SSLError) as exc:
-                client.close()
+                client = _Client(context, address[0], sessions[i])
+                await asyncio.wait_for(client.run(loop, address, sources[i % len(sources)]), 60)
+            except (OSError, ConnectionError, ssl.SSLError, TimeoutError) as exc:
+                if client is not None:
+                    client.close()
                 reason = f"{type(exc).__name__}: {exc}"[:80]
                 errors[reason] = errors.get(reason, 0) + 1
                 return
@@ -169,7 +171,12 @@ async def _wave(
 def _client_main(sources: list[str], count: int, concurrency: int, pipe: Connection) -> None:
     """A client process: ``count`` clients per wave; each wave on the parent's word
     ``(address, ca, resume)``, answered with what connected, then closed on the next word."""
+    import resource
+
     import uvloop
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     async def main() -> None:
         sessions: list[ssl.SSLSession | None] = [None] * count
@@ -217,6 +224,7 @@ def storm(
             target=_client_main, args=(pool[index::processes] or pool, count, concurrency, child), daemon=True
         )
         proc.start()
+        child.close()  # a client process that dies is an EOF here, not a wait forever
         pipes.append(parent)
         procs.append(proc)
     try:
@@ -234,6 +242,8 @@ def storm(
             pipe.send(None)
         for proc in procs:
             proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
     for name, ours in (("plain", report.plain_connected), ("full", report.full_connected)):
         if ours < clients:
             report.errors.append(f"{name}: connected {ours} of {clients}")
@@ -279,4 +289,16 @@ def _wave_measured(
         pipe.send("close")
     for pipe in pipes:
         pipe.recv()
-    time.sleep(1.0)  # the server's side of the closes, before the next storm is metered
+    _quiet(meter)  # the server's side of the closes, before the next storm is metered
+
+
+def _quiet(meter: ProcessMeter, limit: float = 30.0) -> None:
+    """Wait (at most ``limit`` s) until the server uses under 2% of a core over half a second."""
+    deadline = time.monotonic() + limit
+    last = sum(meter.cpu_split())
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = sum(meter.cpu_split())
+        if now - last < 0.01:
+            return
+        last = now

@@ -152,7 +152,11 @@ class _Link(asyncio.Protocol):
                 transport.pause_reading()
                 self._draining = asyncio.get_running_loop().call_soon(self._drain)
                 return
-            self.links.received(self.peer, self._backlog.popleft())
+            try:
+                self.links.received(self.peer, self._backlog.popleft())
+            except Exception as exc:  # as an exception in data_received would: the link goes, not stays paused
+                self.fail(f"handling its frame failed: {type(exc).__name__}: {exc}")
+                return
             handed += 1
         if transport is not None and self.transport is transport and not transport.is_reading():
             transport.resume_reading()
@@ -163,7 +167,11 @@ class _Link(asyncio.Protocol):
         if self._draining is not None:
             self._draining.cancel()
             self._draining = None
-        self._backlog.clear()
+        backlog, self._backlog = self._backlog, deque()
+        if self.up and exc is None and self.transport is not None:
+            # the peer closed after sending these (our own abort cleared them): they count, as before the turns
+            for frame in backlog:
+                self.links.received(self.peer, frame)
         self.transport = None
         if self.up:
             self.up = False
@@ -227,7 +235,8 @@ class _Link(asyncio.Protocol):
         self.abort()
 
     def abort(self) -> None:
-        """Cut the connection now; nothing more is read from it or written to it."""
+        """Cut the connection now; nothing more is read from it, handed on from it, or written to it."""
+        self._backlog.clear()
         if self.transport is not None:
             self.transport.abort()
             self.transport = None
