@@ -23,6 +23,7 @@ from migratory.bench.cluster import LocalCluster
 from migratory.client import EventKind, MigratoryClient, StatusEvent
 from migratory.message import MessageType
 from migratory.protocol import Status
+from migratory.server.node.priority import AGENT_PRECEDENCE
 
 pytestmark = pytest.mark.slow
 
@@ -316,7 +317,7 @@ def test_a_hung_member_is_detected_then_rejoins(cluster3: LocalCluster) -> None:
     # what keeps a saturated member from going silent like this: its agent runs ahead of its workers
     names = cluster.processes(2)
     agent, worker = (os.getpriority(os.PRIO_PROCESS, names[n]) for n in ("migratory-agent", "migratory-w0"))
-    assert agent == (worker - 10 if os.geteuid() == 0 else worker), (agent, worker)
+    assert agent == (max(-20, worker - AGENT_PRECEDENCE) if os.geteuid() == 0 else worker), (agent, worker)
     run(publish(b"before", 0))
     cluster.signal(2, 19)  # SIGSTOP: alive, silent
     try:
