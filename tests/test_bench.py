@@ -220,6 +220,54 @@ def test_member_warnings_keep_every_cluster_line_and_count_the_workers_pauses() 
     ]
 
 
+def test_pauses_land_in_the_phase_their_timestamp_falls_in() -> None:
+    """The report's ``pauses``: the exact lines pauses.py logs, each in the run's phase by its time, by kind."""
+    from typing import cast
+
+    from migratory.bench.cluster import LocalCluster
+    from migratory.bench.clusterbench import pauses_by_phase
+
+    def record(ts: str, msg: str) -> str:
+        return json.dumps({"ts": f"2026-11-27T12:{ts}Z", "level": "WARNING", "msg": msg})
+
+    log = "\n".join(
+        [
+            record(
+                "34:00.000",
+                "worker 7: event loop stalled for 2.0 s, 0.0 s of it on the CPU (waiting for a core, or blocked)",
+            ),
+            record(
+                "39:05.000",
+                "worker 3: garbage collection of generation 2 held the process for 1.10 s (0 objects collected)",
+            ),
+            record(
+                "39:06.000",
+                "worker 4: garbage collection of generation 2 held the process for 0.40 s (0 objects collected)",
+            ),
+            record("50:25.000", "member agent: event loop stalled for 2.6 s, 0.3 s of it on the CPU (a long task)"),
+            record("50:26.000", "cluster link with member 1 dropped: no heartbeat for 3.0 s"),
+        ]
+    )
+
+    class Fake:
+        members = [0]
+
+        def server_log(self, index: int) -> str:
+            return log
+
+    timeline = {
+        "started": "2026-11-27T12:33:30.000Z",
+        "connected": "2026-11-27T12:38:07.000Z",
+        "publishing": "2026-11-27T12:38:09.000Z",
+        "drained": "2026-11-27T12:50:09.000Z",
+    }
+    assert pauses_by_phase(cast(LocalCluster, Fake()), timeline) == {
+        "started": {"member 0 worker starved": {"count": 1, "longest_s": 2.0}},
+        "publishing": {"member 0 worker collection (generation 2)": {"count": 2, "longest_s": 1.1}},
+        "drained": {"member 0 agent long task": {"count": 1, "longest_s": 2.6}},
+    }
+
+
 def test_a_refused_publication_is_not_waited_for() -> None:
     """bench/cluster.md: a publisher whose publications were answered FAILED waited forever for their
     deliveries; the codec records which subject each refused one was for, and the drain stops expecting it."""
