@@ -407,14 +407,16 @@ def tls_storm_cmd(
     workers: int = typer.Option(2, min=1, help="Workers of the spawned wss:// server."),
     processes: int = typer.Option(2, min=1, help="Client processes."),
     concurrency: int = typer.Option(200, min=1, help="Handshakes in flight per client process."),
-    sources: str = typer.Option("", help="Source addresses, e.g. 127.0.1.1,127.0.1.2 [default: 127.0.0.1]."),
+    sources: str = typer.Option(
+        "", help="Source addresses, 127.0.2.1-127.0.2.8 or a comma list [default: two a client process from 127.0.2.1]."
+    ),
     as_json: Path | None = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
 ) -> None:
     """Storms of connections: plain ws://, then full TLS 1.3 handshakes, then the same clients resuming
     with their session tickets: the server's CPU per connection for each, and how many resumed."""
     from migratory.bench.tlsstorm import storm
 
-    report = storm(clients, workers, processes, concurrency, sources)
+    report = storm(clients, workers, processes, concurrency, _sources(sources))
     table = Table(show_header=True)
     table.add_column("storm")
     for name in ("connected", "resumed", "wall (s)", "server CPU (s)", "server CPU a connection (us)"):

@@ -32,6 +32,7 @@ import socket
 import ssl
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -210,11 +211,11 @@ def _addresses(count: int) -> list[str]:
 
 
 def storm(
-    clients: int = 20_000, workers: int = 2, processes: int = 2, concurrency: int = 200, sources: str = ""
+    clients: int = 20_000, workers: int = 2, processes: int = 2, concurrency: int = 200, sources: Sequence[str] = ()
 ) -> StormReport:
     """Run the three storms (plain, full TLS, resumed TLS); see the module's docstring."""
     report = StormReport(clients, workers, processes)
-    pool = [s for s in sources.split(",") if s] or _addresses(max(2, processes * 2))
+    pool = list(sources) or _addresses(max(2, processes * 2))
     context = multiprocessing.get_context("fork")
     pipes, procs = [], []
     for index in range(processes):
