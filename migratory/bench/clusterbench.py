@@ -158,14 +158,12 @@ def on_cluster(
     return report
 
 
-_WORKER_PAUSE = re.compile(
-    r"^worker \d+: (?:event loop stalled for|garbage collection of generation \d+ held the process for) ([\d.]+) s"
-)
 # pauses.py's lines: which process, what kind (a collection, a starved loop, a long task) and how long
+# (logs of before the CPU share was logged: a stall without its cause)
 _PAUSE = re.compile(
     r"^(?P<who>worker \d+|member agent): (?:garbage collection of generation (?P<gen>\d+) held the process for"
-    r" (?P<gc>[\d.]+) s|event loop stalled for (?P<late>[\d.]+) s, (?P<busy>[\d.]+) s of it on the CPU"
-    r" \((?P<cause>[^)]*)\))"
+    r" (?P<gc>[\d.]+) s|event loop stalled for (?P<late>[\d.]+) s(?:, (?P<busy>[\d.]+) s of it on the CPU"
+    r" \((?P<cause>[^)]*)\))?)"
 )
 
 
@@ -180,9 +178,9 @@ def _member_warnings(cluster: LocalCluster, keep: int = 20) -> list[str]:
         pauses: list[float] = []
         for record in _warnings(cluster, index):
             message = str(record.get("msg", ""))
-            pause = _WORKER_PAUSE.match(message)
-            if pause:
-                pauses.append(float(pause.group(1)))
+            pause = _PAUSE.match(message)
+            if pause and pause["who"] != "member agent":
+                pauses.append(float(pause["gc"] or pause["late"]))
             else:
                 lines.append(f"{record.get('ts', '')} {message}")
         out += [f"member {index}: {line[:200]}" for line in lines[:keep]]
@@ -238,7 +236,10 @@ def pauses_by_phase(cluster: LocalCluster, timeline: dict[str, str]) -> dict[str
             if found["gc"] is not None:
                 kind, seconds = f"collection (generation {found['gen']})", float(found["gc"])
             else:
-                kind, seconds = ("starved" if "waiting" in found["cause"] else "long task"), float(found["late"])
+                kind, seconds = (
+                    ("starved" if "waiting" in (found["cause"] or "") else "long task"),
+                    float(found["late"]),
+                )
             who = "agent" if found["who"] == "member agent" else "worker"
             row = table.setdefault(phase, {})
             entry = row.setdefault(f"member {index} {who} {kind}", {"count": 0, "longest_s": 0.0})
