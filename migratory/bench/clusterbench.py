@@ -236,10 +236,9 @@ def pauses_by_phase(cluster: LocalCluster, timeline: dict[str, str]) -> dict[str
             if found["gc"] is not None:
                 kind, seconds = f"collection (generation {found['gen']})", float(found["gc"])
             else:
-                kind, seconds = (
-                    ("starved" if "waiting" in (found["cause"] or "") else "long task"),
-                    float(found["late"]),
-                )
+                cause = found["cause"]
+                kind = "stalled" if cause is None else "starved" if "waiting" in cause else "long task"
+                seconds = float(found["late"])
             who = "agent" if found["who"] == "member agent" else "worker"
             row = table.setdefault(phase, {})
             entry = row.setdefault(f"member {index} {who} {kind}", {"count": 0, "longest_s": 0.0})
