@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,6 +75,9 @@ class Wire(Protocol):
     def to_workers(self, frame: BusFrame) -> None: ...
 
     def to_worker(self, worker: int, frame: BusFrame) -> None: ...
+
+    def stream_to_worker(self, worker: int, frames: Iterator[BusFrame]) -> None:
+        """Send frames rendered only as the worker reads them (a whole state: they are not all held at once)."""
 
     def drop_peer(self, member: int, reason: str) -> None: ...
 
@@ -365,7 +368,15 @@ class Member:
         self.wire.to_worker(worker, self.info())
 
     def _state_to_worker(self, worker: int) -> None:
-        self._send_state(lambda f: self.wire.to_worker(worker, f), private_first(self.replica.subjects()))
+        self.wire.stream_to_worker(worker, self._state_frames(private_first(self.replica.subjects())))
+
+    def _state_frames(self, subjects: list[str]) -> Iterator[BusFrame]:
+        """The state of ``subjects`` as it is when each is read: a starting worker's copy is rendered as the
+        worker takes it, and whatever the worker is sent meanwhile, already in it, counts as a duplicate."""
+        for subject in subjects:
+            state = self.replica.sync(subject)
+            if state is not None:
+                yield from sync_frames(state, self.epochs[group_of(subject)])
 
     def worker_down(self, worker: int) -> None:
         self.workers.discard(worker)

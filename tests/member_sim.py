@@ -9,6 +9,7 @@ Guaranteed mode's table from what the leader sees, as the real leader does.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from migratory import bus as b
@@ -208,6 +209,10 @@ class _Wire:
             self.net.answers[(self.me, frame.request)] = frame
         else:
             self.net.workers[self.me].take(frame)
+
+    def stream_to_worker(self, worker: int, frames: Iterator[b.BusFrame]) -> None:
+        for frame in frames:  # rendered at once: the simulated worker reads as fast as it is sent
+            self.to_worker(worker, frame)
 
     def drop_peer(self, member: int, reason: str) -> None:
         self.net.links.discard(frozenset((self.me, member)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -76,16 +78,20 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
-
         self.closed = False
+        self.unread = 0  # bytes the peer has not read yet (what the transport would still hold)
 
     def write(self, data: bytes) -> None:
         if self.closed:  # as uvloop's transports do
             raise RuntimeError("unable to perform operation on <UnixTransport closed=True>; the handler is closed")
         self.writes.append(data)
+        self.unread += len(data)
 
     def is_closing(self) -> bool:
         return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return self.unread
 
 
 @pytest.mark.parametrize(("batching", "expected"), [(0.0, [b"one", b"two"]), (1.0, [b"onetwo"])])
@@ -141,6 +147,97 @@ def test_a_link_closed_in_the_same_turn_does_not_stop_the_others() -> None:
         return recorders[1].writes, recorders[3].writes
 
     assert asyncio.run(scenario()) == ([b"first", b"second"], [b"first", b"second"])
+
+
+def test_a_stream_is_rendered_only_as_the_link_has_room_and_what_follows_it_waits() -> None:
+    """A whole state to a starting worker: each frame is rendered when the link can take it, so a slow
+    worker costs the sender no copy of it; a frame sent after the stream leaves after all of it."""
+    import asyncio
+
+    from migratory.server.node.bus import HIGH_WATER, Bus, _Outbound
+
+    rendered: list[int] = []
+    part = b"s" * (HIGH_WATER // 4)
+
+    def stream() -> Iterator[bytes]:
+        for n in range(12):
+            rendered.append(n)
+            yield part
+
+    async def scenario() -> tuple[list[int], list[int], bytes]:
+        bus = Bus(0, [1], "test", b"secret", lambda frame, peer: None, lambda peer: None)
+        peer = bus.peers[1]
+        bus.attach(peer, _Outbound())
+        recorder = _Recorder()
+        peer.writer.transport = recorder  # type: ignore[union-attr]
+        assert bus.send_stream(1, stream())
+        assert bus.send_raw(1, b"after")
+        recorder.unread = HIGH_WATER // 2  # the worker is not reading: half the room is taken already
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        first = list(rendered)
+        await asyncio.sleep(0.01)  # still not reading: no turn renders anything more
+        held = list(rendered)
+        for _ in range(20):  # it reads everything each time it is resumed
+            recorder.unread = 0
+            peer.writer.resume_writing()  # type: ignore[union-attr]
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        return first, held, b"".join(recorder.writes)
+
+    first, held, written = asyncio.run(scenario())
+    assert first == [0, 1] and held == first  # 2 of 12 parts fit the half of HIGH_WATER left
+    assert written == part * 12 + b"after"
+
+
+def test_a_peer_that_does_not_read_holds_at_most_high_water_in_the_socket_and_loses_nothing() -> None:
+    """Over a real Unix socket: 40 MB broadcast to a peer that reads nothing yet; the transport holds
+    about HIGH_WATER (the rest waits as the bytes handed over, shared with every other peer), and once
+    the peer reads, every frame arrives once, in order."""
+    import asyncio
+    import socket
+
+    from migratory.server.node.bus import HIGH_WATER, Bus
+
+    frames = [b.Published(f"/s/{n}", bytes(4000), {}, n + 1, 1, True, False, "") for n in range(10_000)]
+
+    async def scenario() -> tuple[int, int, list[b.BusFrame]]:
+        loop = asyncio.get_running_loop()
+        bus = Bus(0, [1], "flowtest", b"secret", lambda frame, peer: None, lambda peer: None)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(bus.path(1))
+        listener.listen(1)
+        listener.setblocking(False)
+        await bus.start()
+        conn, _ = await asyncio.wait_for(loop.sock_accept(listener), 10)
+        for _ in range(200):
+            if bus.is_up(1):
+                break
+            await asyncio.sleep(0.01)
+        for frame in frames:
+            bus.broadcast(frame)
+        await asyncio.sleep(0.2)
+        writer = bus.peers[1].writer
+        assert writer is not None and writer.transport is not None
+        held = writer.transport.get_write_buffer_size()
+        waiting = len(bus.peers[1].pending)
+        decoder = b.BusDecoder(max_frame=b.MAX_BUS_FRAME)
+        got: list[b.BusFrame] = []
+        conn.setblocking(False)
+        while len(got) < len(frames) + 1:
+            data = await asyncio.wait_for(loop.sock_recv(conn, 1 << 20), 10)
+            assert data, "the bus closed the link"
+            got.extend(decoder.feed(data))
+        await bus.close()
+        conn.close()
+        listener.close()
+        return held, waiting, got
+
+    held, waiting, got = asyncio.run(scenario())
+    assert held <= HIGH_WATER + 4100
+    assert waiting > 9_000  # most of it still waits here, not in the socket's buffer
+    assert isinstance(got[0], b.Hello)
+    assert got[1:] == frames
 
 
 def _big_sync(entries: int = 200, size: int = 100) -> b.SyncSubject:

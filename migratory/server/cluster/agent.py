@@ -19,7 +19,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,10 @@ class _Wire:
     def to_worker(self, worker: int, frame: b.BusFrame) -> None:
         if worker in self.bus.peers:
             self.bus.send(worker, frame)
+
+    def stream_to_worker(self, worker: int, frames: Iterator[b.BusFrame]) -> None:
+        if worker in self.bus.peers:
+            self.bus.send_stream(worker, map(b.encode, frames))
 
     def drop_peer(self, member: int, reason: str) -> None:
         self.links.drop(member, reason)

@@ -30,7 +30,7 @@ import random
 import secrets
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from migratory.bus import (
@@ -42,6 +42,7 @@ from migratory.bus import (
     Published,
     Relay,
     SyncSubject,
+    encode,
     owner,
     sync_frames,
 )
@@ -644,15 +645,19 @@ class Engine:
                 watch[1](state.subject, snapshot.content if snapshot is not None else b"")
             self.resync(state.subject)
 
+    def _state_bytes(self, subjects: list[str]) -> Iterator[bytes]:
+        """Our state of ``subjects`` as it is when each is read (the bus renders it as the peer takes it)."""
+        for subject in subjects:
+            state = self.replica.sync(subject)
+            if state is not None:
+                for frame in sync_frames(state):
+                    yield encode(frame)
+
     def on_link_up(self, peer: int) -> None:
         """A (re)started peer: send it our whole state before anything else."""
         if self.bus is None:
             return
-        for subject in private_first(self.replica.subjects()):
-            state = self.replica.sync(subject)
-            if state is not None:
-                for frame in sync_frames(state):
-                    self.bus.send(peer, frame)
+        self.bus.send_stream(peer, self._state_bytes(private_first(self.replica.subjects())))
         for subject in self.index.subjects():
             self.bus.send(peer, Interest(subject, self.index.count(subject)))
         # a peer that restarted lost its subscribers: forget what it had told us

@@ -15,12 +15,20 @@ index). Anything else is logged and cut off before a single frame is acted upon.
 Writes are coalesced once per loop turn. While a peer is down (being restarted by
 the supervisor), forwarded publications wait in a bounded queue and everything else
 is dropped: when the link comes back up the peer first receives a full state sync.
+
+Writes are flow-controlled: a link's socket buffer holds at most :data:`HIGH_WATER` bytes
+that its peer has not read; the rest waits here, as the frames were handed over (a broadcast's
+bytes shared by every peer, a whole state as a lazy stream rendered when there is room). A member
+agent that restarts hands its peers' whole state to dozens of starting workers at once: written
+eagerly, every worker's copy sat in its socket's buffer (gigabytes at a million clients, until
+the kernel's OOM killer ended the agent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -28,7 +36,8 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
 from migratory import bus as b
@@ -38,6 +47,7 @@ __all__ = ["Bus", "peer_uid", "proof"]
 log = logging.getLogger("migratory.server")
 
 MAX_QUEUED_FORWARDS = 100_000
+HIGH_WATER = 1 << 20  # bytes a link's transport may hold unread by its peer; the rest waits in _Peer.pending
 LINK_RETRY_FIRST = 0.05  # s before the first redial of a peer that is down (being restarted)
 LINK_RETRY_MAX = 1.0  # s at most between redials
 LINK_STABLE = 1.0  # s a link must stay up for the next loss to be redialled at once
@@ -125,14 +135,20 @@ class _Inbound(asyncio.Protocol):
 
 
 class _Outbound(asyncio.Protocol):
-    __slots__ = ("lost", "transport")
+    __slots__ = ("lost", "on_resume", "transport")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.on_resume: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=HIGH_WATER, low=HIGH_WATER // 4)
+
+    def resume_writing(self) -> None:
+        if self.on_resume is not None:
+            self.on_resume()
 
     def data_received(self, data: bytes) -> None:
         pass  # outbound links carry nothing back
@@ -143,13 +159,15 @@ class _Outbound(asyncio.Protocol):
 
 
 class _Peer:
-    __slots__ = ("index", "pending", "queued", "up", "writer")
+    __slots__ = ("dirty", "index", "pending", "queued", "up", "writer")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.up = False
         self.writer: _Outbound | None = None
-        self.pending: list[bytes] = []
+        # what waits for room in the link, in order: encoded frames, and streams rendered as they leave
+        self.pending: deque[bytes | Iterator[bytes]] = deque()
+        self.dirty = False  # listed in Bus._dirty for the next flush
         self.queued: list[bytes] = []
 
 
@@ -258,8 +276,7 @@ class Bus:
                 await asyncio.sleep(delay)
                 delay = min(LINK_RETRY_MAX, delay * 2)
                 continue
-            peer.writer = writer
-            peer.up = True
+            self.attach(peer, writer)
             since = loop.time()
             self._write(peer, b.encode(b.Hello(self.worker, proof(self.secret, self.namespace, self.worker))))
             self.on_link_up(peer.index)  # full state first ...
@@ -282,27 +299,65 @@ class Bus:
             else:
                 delay = LINK_RETRY_FIRST
 
-    def _write(self, peer: _Peer, frame: bytes) -> None:
-        if not peer.pending:
-            self._dirty.append(peer)
-            if not self._flush_armed:
-                self._flush_armed = True
-                if self.batching:
-                    asyncio.get_running_loop().call_later(self.batching, self._flush)
-                else:
-                    asyncio.get_running_loop().call_soon(self._flush)
+    def attach(self, peer: _Peer, writer: _Outbound) -> None:
+        """``writer`` is ``peer``'s link now: what waits for room goes on when it asks for more."""
+        peer.writer = writer
+        writer.on_resume = functools.partial(self._schedule, peer)
+        peer.up = True
+
+    def _write(self, peer: _Peer, frame: bytes | Iterator[bytes]) -> None:
         peer.pending.append(frame)
+        self._schedule(peer)
+
+    def _schedule(self, peer: _Peer) -> None:
+        """List ``peer`` for the next flush (at the end of this loop turn, or after BusBatchingTime)."""
+        if peer.dirty:
+            return
+        peer.dirty = True
+        self._dirty.append(peer)
+        if not self._flush_armed:
+            self._flush_armed = True
+            if self.batching:
+                asyncio.get_running_loop().call_later(self.batching, self._flush)
+            else:
+                asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_armed = False
         dirty, self._dirty = self._dirty, []
         for peer in dirty:
-            pending, peer.pending = peer.pending, []
-            transport = peer.writer.transport if peer.writer is not None else None
-            # a link closed in this turn (its loss not handled yet) takes nothing more: uvloop raises on a
-            # closed handle, and one raise here left every later peer's frames unsent, and unscheduled, forever
-            if transport is not None and pending and not transport.is_closing():
-                transport.write(b"".join(pending))
+            peer.dirty = False
+            self._fill(peer)
+
+    def _fill(self, peer: _Peer) -> None:
+        """Write what waits for ``peer`` up to HIGH_WATER unread bytes; the rest waits for its resume_writing."""
+        transport = peer.writer.transport if peer.writer is not None else None
+        # a link closed in this turn (its loss not handled yet) takes nothing more: uvloop raises on a
+        # closed handle, and one raise here left every later peer's frames unsent, and unscheduled, forever
+        if transport is None or transport.is_closing():
+            peer.pending.clear()
+            return
+        pending = peer.pending
+        room = HIGH_WATER - transport.get_write_buffer_size()
+        chunk: list[bytes] = []
+        while pending and room > 0:
+            item = pending[0]
+            if isinstance(item, bytes):
+                pending.popleft()
+            else:
+                part = next(item, None)  # a stream renders its next frame only now
+                if part is None:
+                    pending.popleft()
+                    continue
+                item = part
+            chunk.append(item)
+            room -= len(item)
+        if chunk:
+            transport.write(b"".join(chunk))
+        if pending and transport.get_write_buffer_size() < HIGH_WATER:
+            # the socket took it all without pausing us, so no resume_writing will come: go on next turn
+            # (HIGH_WATER bytes a link a turn: a whole state never holds the loop in one turn)
+            self._schedule(peer)
 
     def linked(self, worker: int) -> bool:
         """Linked to ``worker`` both ways: our link to it is up and its link to us said Hello."""
@@ -315,6 +370,15 @@ class Bus:
     def send(self, worker: int, frame: b.BusFrame, *, queue_if_down: bool = False) -> bool:
         """Send to one peer; returns False when it is down and the frame was not kept."""
         return self.send_raw(worker, b.encode(frame), queue_if_down=queue_if_down)
+
+    def send_stream(self, worker: int, frames: Iterator[bytes]) -> bool:
+        """Send frames rendered only when the link has room for them (a whole state: see the module
+        docstring); what is sent after it follows it. Returns False when the peer is down."""
+        peer = self.peers[worker]
+        if not peer.up:
+            return False
+        self._write(peer, frames)
+        return True
 
     def send_raw(self, worker: int, data: bytes, *, queue_if_down: bool = False) -> bool:
         peer = self.peers[worker]
