@@ -367,8 +367,10 @@ class Member:
             self._state_to_worker(worker)
         self.wire.to_worker(worker, self.info())
 
-    def _state_to_worker(self, worker: int) -> None:
-        self.wire.stream_to_worker(worker, self._state_frames(private_first(self.replica.subjects())))
+    def _state_to_worker(self, worker: int, subjects: list[str] | None = None) -> None:
+        if subjects is None:
+            subjects = private_first(self.replica.subjects())
+        self.wire.stream_to_worker(worker, self._state_frames(subjects))
 
     def _state_frames(self, subjects: list[str]) -> Iterator[BusFrame]:
         """The state of ``subjects`` as it is when each is read: a starting worker's copy is rendered as the
@@ -763,8 +765,9 @@ class Member:
 
     def _become_ready(self, now: float) -> None:
         self.ready = True
+        subjects = private_first(self.replica.subjects())  # one list for every worker's stream
         for worker in self.workers:
-            self._state_to_worker(worker)
+            self._state_to_worker(worker, subjects)
         self.wire.to_workers(self.info())
         held, self._held = self._held, []
         for member, frame in held:

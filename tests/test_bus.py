@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -79,13 +80,31 @@ class _Recorder:
     def __init__(self) -> None:
         self.writes: list[bytes] = []
         self.closed = False
+        self.aborted = False
         self.unread = 0  # bytes the peer has not read yet (what the transport would still hold)
+        self.protocol: Any = None  # paused above HIGH_WATER and resumed when read, as a real transport does
+        self.paused = False
 
     def write(self, data: bytes) -> None:
         if self.closed:  # as uvloop's transports do
             raise RuntimeError("unable to perform operation on <UnixTransport closed=True>; the handler is closed")
         self.writes.append(data)
         self.unread += len(data)
+        from migratory.server.node.bus import HIGH_WATER
+
+        if self.unread > HIGH_WATER and self.protocol is not None and not self.paused:
+            self.paused = True
+            self.protocol.pause_writing()
+
+    def read_all(self) -> None:
+        """The peer reads everything written so far."""
+        self.unread = 0
+        if self.paused:
+            self.paused = False
+            self.protocol.resume_writing()
+
+    def abort(self) -> None:
+        self.aborted = self.closed = True
 
     def is_closing(self) -> bool:
         return self.closed
@@ -149,12 +168,23 @@ def test_a_link_closed_in_the_same_turn_does_not_stop_the_others() -> None:
     assert asyncio.run(scenario()) == ([b"first", b"second"], [b"first", b"second"])
 
 
+def _linked(bus: Any, index: int) -> _Recorder:
+    from migratory.server.node.bus import _Outbound
+
+    outbound = _Outbound()
+    recorder = _Recorder()
+    recorder.protocol = outbound
+    outbound.transport = recorder  # type: ignore[assignment]
+    bus.attach(bus.peers[index], outbound)
+    return recorder
+
+
 def test_a_stream_is_rendered_only_as_the_link_has_room_and_what_follows_it_waits() -> None:
     """A whole state to a starting worker: each frame is rendered when the link can take it, so a slow
     worker costs the sender no copy of it; a frame sent after the stream leaves after all of it."""
     import asyncio
 
-    from migratory.server.node.bus import HIGH_WATER, Bus, _Outbound
+    from migratory.server.node.bus import HIGH_WATER, Bus
 
     rendered: list[int] = []
     part = b"s" * (HIGH_WATER // 4)
@@ -166,28 +196,52 @@ def test_a_stream_is_rendered_only_as_the_link_has_room_and_what_follows_it_wait
 
     async def scenario() -> tuple[list[int], list[int], bytes]:
         bus = Bus(0, [1], "test", b"secret", lambda frame, peer: None, lambda peer: None)
-        peer = bus.peers[1]
-        bus.attach(peer, _Outbound())
-        recorder = _Recorder()
-        peer.writer.transport = recorder  # type: ignore[union-attr]
+        recorder = _linked(bus, 1)
+        recorder.unread = HIGH_WATER // 2  # the worker is not reading: half the room is taken already
         assert bus.send_stream(1, stream())
         assert bus.send_raw(1, b"after")
-        recorder.unread = HIGH_WATER // 2  # the worker is not reading: half the room is taken already
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         first = list(rendered)
         await asyncio.sleep(0.01)  # still not reading: no turn renders anything more
         held = list(rendered)
-        for _ in range(20):  # it reads everything each time it is resumed
-            recorder.unread = 0
-            peer.writer.resume_writing()  # type: ignore[union-attr]
+        for _ in range(20):  # it reads everything each time
+            recorder.read_all()
             await asyncio.sleep(0)
             await asyncio.sleep(0)
         return first, held, b"".join(recorder.writes)
 
     first, held, written = asyncio.run(scenario())
-    assert first == [0, 1] and held == first  # 2 of 12 parts fit the half of HIGH_WATER left
+    assert first == [0, 1, 2] and held == first  # what takes the link past HIGH_WATER, and no more
     assert written == part * 12 + b"after"
+
+
+def test_a_stream_that_fails_relinks_its_peer_and_the_others_go_on() -> None:
+    """A bug rendering one worker's state: that link is cut (it starts over with a full state), and the
+    frames of every other link in the same flush still leave, now and later."""
+    import asyncio
+
+    from migratory.server.node.bus import Bus
+
+    def broken() -> Iterator[bytes]:
+        yield b"one"
+        raise ValueError("no such subject")
+
+    async def scenario() -> tuple[_Recorder, _Recorder, _Recorder]:
+        bus = Bus(0, [1, 2, 3], "test", b"secret", lambda frame, peer: None, lambda peer: None)
+        links = {index: _linked(bus, index) for index in (1, 2, 3)}
+        assert bus.send_stream(1, broken())
+        bus.broadcast_raw(b"all")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        bus.broadcast_raw(b"later")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return links[1], links[2], links[3]
+
+    one, two, three = asyncio.run(scenario())
+    assert one.aborted and one.writes == []
+    assert two.writes == three.writes == [b"all", b"later"]
 
 
 def test_a_peer_that_does_not_read_holds_at_most_high_water_in_the_socket_and_loses_nothing() -> None:
@@ -295,11 +349,9 @@ def test_a_stranger_still_cannot_make_the_bus_buffer_a_large_frame() -> None:
         bus = Bus(0, [1], "test", b"secret", lambda frame, peer: None, lambda peer: None)
         inbound = _Inbound(bus)
         recorder = _Recorder()
-        recorder.aborted = False  # type: ignore[attr-defined]
-        recorder.abort = lambda: setattr(recorder, "aborted", True)  # type: ignore[attr-defined]
         inbound.transport = recorder  # type: ignore[assignment]
         inbound.data_received(b.encode(_big_sync()))
-        return bus.refused, bool(recorder.aborted)  # type: ignore[attr-defined]
+        return bus.refused, recorder.aborted
 
     assert asyncio.run(scenario()) == (1, True)
 
@@ -327,7 +379,12 @@ def test_a_worker_resyncs_its_subscribers_when_a_live_message_skips_ahead(retain
         engine = Engine(Config.from_text("Listen = 127.0.0.1:0\n", "t.conf"), 1, asyncio.get_running_loop())
         seen: list[tuple[str, int]] = []
         engine.resync = lambda subject: seen.append(("resync", 0))  # type: ignore[method-assign]
-        engine.deliver = lambda subject, entry, guaranteed: seen.append(("deliver", entry.seq)) or (0, 0)  # type: ignore[method-assign]
+
+        def deliver(subject: str, entry: Entry, guaranteed: bool) -> tuple[int, int]:
+            seen.append(("deliver", entry.seq))
+            return 0, 0
+
+        engine.deliver = deliver  # type: ignore[method-assign]
         for seq in (1, 2, 5):
             engine.on_bus_frame(b.Published("/gap", b"v", {}, seq, 1, retained, False), 1)
         return seen

@@ -47,7 +47,7 @@ __all__ = ["Bus", "peer_uid", "proof"]
 log = logging.getLogger("migratory.server")
 
 MAX_QUEUED_FORWARDS = 100_000
-HIGH_WATER = 1 << 20  # bytes a link's transport may hold unread by its peer; the rest waits in _Peer.pending
+HIGH_WATER = 256 << 10  # bytes a link's transport may hold unread by its peer; the rest waits in _Peer.pending
 LINK_RETRY_FIRST = 0.05  # s before the first redial of a peer that is down (being restarted)
 LINK_RETRY_MAX = 1.0  # s at most between redials
 LINK_STABLE = 1.0  # s a link must stay up for the next loss to be redialled at once
@@ -135,18 +135,23 @@ class _Inbound(asyncio.Protocol):
 
 
 class _Outbound(asyncio.Protocol):
-    __slots__ = ("lost", "on_resume", "transport")
+    __slots__ = ("lost", "on_resume", "paused", "transport")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.on_resume: Callable[[], None] | None = None
+        self.paused = False  # over HIGH_WATER: resume_writing will come
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=HIGH_WATER, low=HIGH_WATER // 4)
 
+    def pause_writing(self) -> None:
+        self.paused = True
+
     def resume_writing(self) -> None:
+        self.paused = False
         if self.on_resume is not None:
             self.on_resume()
 
@@ -302,7 +307,7 @@ class Bus:
     def attach(self, peer: _Peer, writer: _Outbound) -> None:
         """``writer`` is ``peer``'s link now: what waits for room goes on when it asks for more."""
         peer.writer = writer
-        writer.on_resume = functools.partial(self._schedule, peer)
+        writer.on_resume = functools.partial(self._resume_soon, peer)
         peer.up = True
 
     def _write(self, peer: _Peer, frame: bytes | Iterator[bytes]) -> None:
@@ -327,20 +332,44 @@ class Bus:
         dirty, self._dirty = self._dirty, []
         for peer in dirty:
             peer.dirty = False
+        for peer in dirty:
+            self._fill(peer)
+
+    def _resume_soon(self, peer: _Peer) -> None:
+        asyncio.get_running_loop().call_soon(self._resumed, peer)  # not from inside the transport's callback
+
+    def _resumed(self, peer: _Peer) -> None:
+        """The link has room again: go on at once (a flush already listed for it will do it instead)."""
+        if not peer.dirty:
             self._fill(peer)
 
     def _fill(self, peer: _Peer) -> None:
-        """Write what waits for ``peer`` up to HIGH_WATER unread bytes; the rest waits for its resume_writing."""
-        transport = peer.writer.transport if peer.writer is not None else None
+        """Write what waits for ``peer`` until the link holds more than HIGH_WATER unread bytes."""
+        writer = peer.writer
+        transport = writer.transport if writer is not None else None
         # a link closed in this turn (its loss not handled yet) takes nothing more: uvloop raises on a
         # closed handle, and one raise here left every later peer's frames unsent, and unscheduled, forever
-        if transport is None or transport.is_closing():
+        if writer is None or transport is None or transport.is_closing():
             peer.pending.clear()
             return
-        pending = peer.pending
+        try:
+            self._write_some(peer.pending, transport)
+        except Exception as exc:  # a bug rendering a state: this link starts over (Hello, full state), not the others
+            log.error("bus link to process %d: cannot write (%s: %s); relinking", peer.index, type(exc).__name__, exc)
+            peer.pending.clear()
+            transport.abort()
+            return
+        if peer.pending and not writer.paused:
+            # the socket took it all and did not pause us, so no resume_writing will come: go on next turn
+            # (about HIGH_WATER bytes a link a turn: a whole state never holds the loop in one turn)
+            self._resume_soon(peer)
+
+    @staticmethod
+    def _write_some(pending: deque[bytes | Iterator[bytes]], transport: asyncio.Transport) -> None:
+        """Stop only past HIGH_WATER (strictly: a transport pauses its protocol above the mark, not at it)."""
         room = HIGH_WATER - transport.get_write_buffer_size()
         chunk: list[bytes] = []
-        while pending and room > 0:
+        while pending and room >= 0:
             item = pending[0]
             if isinstance(item, bytes):
                 pending.popleft()
@@ -354,10 +383,6 @@ class Bus:
             room -= len(item)
         if chunk:
             transport.write(b"".join(chunk))
-        if pending and transport.get_write_buffer_size() < HIGH_WATER:
-            # the socket took it all without pausing us, so no resume_writing will come: go on next turn
-            # (HIGH_WATER bytes a link a turn: a whole state never holds the loop in one turn)
-            self._schedule(peer)
 
     def linked(self, worker: int) -> bool:
         """Linked to ``worker`` both ways: our link to it is up and its link to us said Hello."""
