@@ -56,6 +56,9 @@ class Net:
         self.incarnations = 0
         self.table = Table()
         self.leader = 0
+        # what each member's agent sent its worker and the worker has not read yet, in order: frames, and
+        # whole states (streams) rendered only when the worker reads them, after the members stop talking
+        self.outbox: dict[int, deque[b.BusFrame | Iterator[b.BusFrame]]] = {}
         self.frozen: set[int] = set()  # SIGSTOPped: no ticks, nothing read, until thawed
         self.thawed: list[tuple[int, int]] = []  # (member, peer): link losses it will see when it runs again
 
@@ -81,6 +84,7 @@ class Net:
         member = Member(settings, self.wire(index), self.now)
         self.members[index] = member
         self.workers[index] = Worker(Replica(self.cache if self.guaranteed else 0, 1e9))
+        self.outbox[index] = deque()
         member.worker_up(0)
         if self.guaranteed and member.me < member.s.seeds:
             member.set_table(self.table, self.now)
@@ -107,6 +111,7 @@ class Net:
             if other != index:
                 self._unlink(index, other)
         del self.members[index]
+        self.outbox.pop(index, None)
         self.queue = deque(item for item in self.queue if index not in item[:2])
 
     def partition(self, index: int) -> None:
@@ -149,7 +154,10 @@ class Net:
                 self.members[member].peer_down(peer, self.now)
         for _ in range(1_000_000):
             if not self.queue:
-                return
+                self._workers_read()
+                if not self.queue:
+                    return
+                continue
             if all(dst in self.frozen for _, dst, _ in self.queue):
                 return  # what is left waits in a stopped member's sockets
             src, dst, frame = self.queue.popleft()
@@ -159,6 +167,16 @@ class Net:
             if frozenset((src, dst)) in self.links and dst in self.members:
                 self.members[dst].on_peer_frame(src, frame, self.now)
         raise AssertionError("the members never stop talking")
+
+    def _workers_read(self) -> None:
+        """Every worker reads what its agent sent it; a stream's states are rendered only now."""
+        for index, outbox in self.outbox.items():
+            if index in self.frozen:
+                continue
+            while outbox:
+                item = outbox.popleft()
+                for frame in item if isinstance(item, Iterator) else (item,):
+                    self.workers[index].take(frame)
 
     def _consensus(self) -> None:
         """Guaranteed mode: the lowest live seed leads, and its view becomes the table."""
@@ -208,11 +226,10 @@ class _Wire:
         if isinstance(frame, b.ForwardStatus):
             self.net.answers[(self.me, frame.request)] = frame
         else:
-            self.net.workers[self.me].take(frame)
+            self.net.outbox[self.me].append(frame)
 
     def stream_to_worker(self, worker: int, frames: Iterator[b.BusFrame]) -> None:
-        for frame in frames:  # rendered at once: the simulated worker reads as fast as it is sent
-            self.to_worker(worker, frame)
+        self.net.outbox[self.me].append(frames)  # rendered when the worker reads it, as the bus does
 
     def drop_peer(self, member: int, reason: str) -> None:
         self.net.links.discard(frozenset((self.me, member)))
