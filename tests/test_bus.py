@@ -264,10 +264,11 @@ def test_a_peer_that_does_not_read_holds_at_most_high_water_in_the_socket_and_lo
         listener.setblocking(False)
         await bus.start()
         conn, _ = await asyncio.wait_for(loop.sock_accept(listener), 10)
-        for _ in range(200):
+        for _ in range(1000):  # a loaded machine: up to 10 s for the link to come up
             if bus.is_up(1):
                 break
             await asyncio.sleep(0.01)
+        assert bus.is_up(1), "the bus never linked to the listening peer"
         for frame in frames:
             bus.broadcast(frame)
         await asyncio.sleep(0.2)
