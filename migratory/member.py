@@ -270,11 +270,8 @@ class Member:
         return [s for s in self.replica.subjects() if group_of(s) in wanted]
 
     def _send_state(self, send: Callable[[BusFrame], None], subjects: Iterable[str]) -> None:
-        for subject in subjects:
-            state = self.replica.sync(subject)
-            if state is not None:
-                for frame in sync_frames(state, self.epochs[group_of(subject)]):
-                    send(frame)
+        for frame in self._state_frames(subjects):
+            send(frame)
 
     # --- links ------------------------------------------------------------------------
 
@@ -372,9 +369,10 @@ class Member:
             subjects = private_first(self.replica.subjects())
         self.wire.stream_to_worker(worker, self._state_frames(subjects))
 
-    def _state_frames(self, subjects: list[str]) -> Iterator[BusFrame]:
-        """The state of ``subjects`` as it is when each is read: a starting worker's copy is rendered as the
-        worker takes it, and whatever the worker is sent meanwhile, already in it, counts as a duplicate."""
+    def _state_frames(self, subjects: Iterable[str]) -> Iterator[BusFrame]:
+        """The state of ``subjects`` as it is when each is read (each under its group's epoch): a starting
+        worker's copy is rendered as the worker takes it, and whatever the worker is sent meanwhile, already
+        in it, counts as a duplicate."""
         for subject in subjects:
             state = self.replica.sync(subject)
             if state is not None:
