@@ -260,6 +260,11 @@ def run_cmd(
     ca: Path | None = typer.Option(
         None, help="TLS targets without --spawn: the CA file the server's certificate is checked against."
     ),
+    tls_client: str = typer.Option(
+        "lean",
+        help="TLS targets: the load generators' TLS client, lean (TLS 1.3 on a small record layer, a few hundred "
+        "bytes a connection) or openssl (the event loop's TLS transport, about 25 KB a connection).",
+    ),
     as_json: Path | None = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
     logs: Path | None = typer.Option(
         None, help="A spawned cluster (--members 2+): copy every member's logs into this folder after the run."
@@ -304,9 +309,12 @@ def run_cmd(
         idle_seconds=idle,
         drain_timeout=drain,
         ca=str(ca) if ca is not None else "",
+        tls_client=tls_client,
         **options,
     )
     config.size = max(8, config.size)
+    if config.tls_client not in ("lean", "openssl"):
+        raise typer.BadParameter("expected lean or openssl", param_hint="--tls-client")
     for item in setting:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TypeVar, cast
 
+from migratory.bench.leantls import open_lean
 from migratory.bench.wire import Codec, StreamCodec, base_target, codec_for
 
 __all__ = [
@@ -68,6 +69,7 @@ class LoaderSpec:
     # delivery wake a process, a cost a server never pays for remote clients; the latency measured
     # includes the wait (half the interval on average), so the server is judged no better than it is.
     poll: float = 0.0
+    lean_tls: bool = False  # TLS targets: the lean TLS 1.3 client (leantls.py) instead of the event loop's
     # every member of a cluster, for clients that fail over (roaming.py): after a drop, the next one in turn
     endpoints: tuple[tuple[str, int], ...] = ()
 
@@ -79,9 +81,10 @@ def client_context(ca: str) -> ssl.SSLContext:
 
 
 async def open_client(
-    sock: socket.socket, target: str, host: str, ca: str, factory: Callable[[], P]
+    sock: socket.socket, target: str, host: str, ca: str, factory: Callable[[], P], lean_tls: bool = False
 ) -> tuple[asyncio.Transport, P]:
-    """A connected socket to a transport: plain, or TLS checked against ``ca``.
+    """A connected socket to a transport: plain, or TLS checked against ``ca`` (with ``lean_tls``, TLS 1.3
+    on :mod:`migratory.bench.leantls`'s record layer instead of the event loop's TLS transport).
 
     NATS (2.9) speaks first in plain text even on a TLS port: its INFO line is read
     before the handshake, as its clients do.
@@ -97,6 +100,9 @@ async def open_client(
             if not chunk:
                 raise ConnectionError("NATS closed before its INFO line")
             info += chunk
+    if lean_tls:
+        protocol = factory()
+        return await open_lean(loop, sock, ca, host, protocol), protocol
     transport, protocol = await loop.create_connection(
         factory, sock=sock, ssl=client_context(ca), server_hostname=host, ssl_handshake_timeout=60.0
     )
@@ -213,7 +219,12 @@ async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State, sou
             await connect_from(sock, source, (spec.host, spec.port))
             codec = codec_for(spec.target)
             transport, client = await open_client(
-                sock, spec.target, spec.host, spec.ca, functools.partial(_Client, state, codec, len(subjects))
+                sock,
+                spec.target,
+                spec.host,
+                spec.ca,
+                functools.partial(_Client, state, codec, len(subjects)),
+                spec.lean_tls,
             )
             transport.write(codec.hello(spec.host, subjects))
             if isinstance(codec, StreamCodec):

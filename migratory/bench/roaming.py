@@ -260,7 +260,7 @@ async def _open(
     try:
         await connect_from(sock, source, endpoint)
         transport, client = await open_client(
-            sock, spec.target, endpoint[0], spec.ca, lambda: Roamer(codec, len(subjects))
+            sock, spec.target, endpoint[0], spec.ca, lambda: Roamer(codec, len(subjects)), spec.lean_tls
         )
     except BaseException:
         sock.close()

@@ -57,6 +57,9 @@ class BenchConfig:
     server_pids: list[int] = field(default_factory=list)  # a cluster: every member's supervisor
     settings: dict[str, str] = field(default_factory=dict)  # extra configuration of a spawned migratory server
     ca: str = ""  # a TLS target's CA file (set by --spawn, which makes a test CA)
+    # the load generators' TLS: "lean" (TLS 1.3, migratory/bench/leantls.py, a few hundred bytes a connection)
+    # or "openssl" (the event loop's TLS transport, about 25 KB a connection: too much for a million)
+    tls_client: str = "lean"
     loader_poll: float = 0.0  # seconds between the loaders' reads once subscribed (LoaderSpec.poll); 0: on each
     # failover (roaming clients, migratory/bench/roaming.py): seconds after publishing starts to run the
     # "kill" action (a member's SIGKILL) and the "restart" action (the same member back); 0: never
@@ -109,6 +112,7 @@ class Report:
     sockstat_connected: dict[str, int] = field(default_factory=dict)
     load_average: list[float] = field(default_factory=list)  # 1, 5, 15 minutes, when the run started
     loader_poll: float = 0.0  # the load generators' read interval once subscribed (0: on every message)
+    tls_client: str = ""  # a TLS target: the load generators' TLS client (lean or openssl)
     settings: dict[str, str] = field(default_factory=dict)  # --set: the spawned server's extra configuration
     # UTC wall-clock time of each phase's start (started, connected, publishing, drained, stopping,
     # closed): places a member's timestamped warning in the run (subscribing, publishing or tearing down)
@@ -276,6 +280,7 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
     )
     report.load_average = [round(v, 2) for v in os.getloadavg()]
     report.loader_poll, report.settings = config.loader_poll, dict(config.settings)
+    report.tls_client = config.tls_client if config.ca else ""
     meter: ProcessMeter | MultiMeter | None = ProcessMeter(config.server_pid) if config.server_pid else None
     if config.server_pids:
         meter = MultiMeter([ProcessMeter(pid) for pid in config.server_pids])
@@ -306,6 +311,7 @@ def _run(config: BenchConfig, notify: Progress, actions: Actions) -> Report:
             ca=config.ca,
             sources=tuple(config.sources[index :: config.processes]),  # more addresses than loaders: shared out
             poll=config.loader_poll,
+            lean_tls=config.tls_client == "lean",
             endpoints=tuple(config.endpoints),
         )
         main = roamer_main if roaming else loader_main
