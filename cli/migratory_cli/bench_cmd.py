@@ -340,8 +340,10 @@ def run_cmd(
     if config.kill_after and members < 3:
         raise typer.BadParameter("a failover run needs --members 3 or more (and --spawn)", param_hint="--preset")
     if members > 1:
-        if not spawn or config.target != "migratory":
-            raise typer.BadParameter("a cluster is spawned for the migratory target only", param_hint="--members")
+        if not spawn or config.target not in ("migratory", "migratory-wss"):
+            raise typer.BadParameter(
+                "a cluster is spawned for the migratory and migratory-wss targets only", param_hint="--members"
+            )
         import tempfile
 
         from migratory.bench import clusterbench

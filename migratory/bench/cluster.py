@@ -80,6 +80,7 @@ class MemberProcess:
     conf: Path
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(default_factory=Path)
+    tls_port: int = 0  # ListenEncrypted, when the cluster serves wss:// too
 
     @property
     def ws_url(self) -> str:
@@ -123,6 +124,7 @@ class LocalCluster:
         ports: tuple[int, int, int] | None = None,
         password: str = "cluster-test-password",
         wrap: Callable[[int], list[str]] | None = None,
+        tls: tuple[Path, Path] | None = None,  # a certificate chain and key: every member also on ListenEncrypted
     ) -> None:
         self.folder = folder
         self.size = size
@@ -132,12 +134,14 @@ class LocalCluster:
         hosts = hosts or [f"127.0.0.{base + i}" for i in range(size)]
         for i, host in enumerate(hosts):
             # in network namespaces each member has its own ports: the given ones are free there
-            client, cluster, monitor = ports or free_ports(host, 3, consecutive=2)
+            client, cluster, monitor, *rest = ports or free_ports(host, 4 if tls else 3, consecutive=2)
             member_folder = folder / f"member-{i + 1}"
             member_folder.mkdir(parents=True, exist_ok=True)
-            self.members.append(
-                MemberProcess(i, host, client, cluster, monitor, member_folder, member_folder / "migratorydata.conf")
+            member = MemberProcess(
+                i, host, client, cluster, monitor, member_folder, member_folder / "migratorydata.conf"
             )
+            member.tls_port = rest[0] if tls and rest else 0
+            self.members.append(member)
         members = ", ".join(f"{m.host}:{m.cluster_port}" for m in self.members)
         for m in self.members:
             lines = {
@@ -154,6 +158,10 @@ class LocalCluster:
                 "ClusterHeartbeatTimeout": str(heartbeat_timeout),
                 **dict(extra or {}),
             }
+            if tls is not None and m.tls_port:
+                lines.update(
+                    {"ListenEncrypted": f"{m.host}:{m.tls_port}", "TLSCertificate": str(tls[0]), "TLSKey": str(tls[1])}
+                )
             m.conf.write_text("".join(f"{k} = {v}\n" for k, v in lines.items()))
 
     def __enter__(self) -> LocalCluster:

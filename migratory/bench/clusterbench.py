@@ -26,9 +26,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from migratory.bench.cluster import LocalCluster
+from migratory.bench.cluster import LocalCluster, MemberProcess
 from migratory.bench.runner import BenchConfig, Report, run
-from migratory.bench.servers import spawn
+from migratory.bench.servers import make_test_pki, spawn
 from migratory.client import EventKind, MigratoryClient, StatusEvent
 from migratory.protocol import Status
 
@@ -79,7 +79,15 @@ def fanout(
 def _started(
     folder: Path, config: BenchConfig, members: int, mode: str, workers: list[int], timeout: float
 ) -> Iterator[LocalCluster]:
-    """A local cluster for ``config``, every member started and seeing every other (the product's heartbeat)."""
+    """A local cluster for ``config``, every member started and seeing every other (the product's heartbeat).
+
+    ``migratory-wss``: every member also serves ``ListenEncrypted`` with a certificate of a test CA made
+    for the run (``config.ca``), and the clients and the publisher use it."""
+    tls = None
+    if config.target == "migratory-wss":
+        hosts = [f"127.0.0.{1 + i}" for i in range(members)]  # LocalCluster's own addresses
+        ca, cert, key = make_test_pki(folder / "pki", *hosts)
+        config.ca, tls = str(ca), (cert, key)
     with LocalCluster(
         folder,
         members,
@@ -88,11 +96,17 @@ def _started(
         extra={**QUIET, **config.settings},
         heartbeat_interval=500,
         heartbeat_timeout=3000,
+        tls=tls,
     ) as cluster:
         cluster.start_all(ready_timeout=timeout)
         for index in range(members):
             cluster.wait_view(index, set(range(members)), timeout=timeout)
         yield cluster
+
+
+def _port(member: MemberProcess) -> int:
+    """Where the bench's clients connect: ListenEncrypted when the cluster serves wss://, else Listen."""
+    return member.tls_port or member.client_port
 
 
 def failover_at_scale(folder: Path, config: BenchConfig, members: int = 3, mode: str = "Guaranteed") -> Report:
@@ -108,8 +122,8 @@ def failover_at_scale(folder: Path, config: BenchConfig, members: int = 3, mode:
     serving = members - 1
     with _started(folder, config, members, mode, [config.workers] * serving + [1], 180) as cluster:
         publisher = cluster[members - 1]
-        config.host, config.port = publisher.host, publisher.client_port
-        config.endpoints = [(m.host, m.client_port) for m in cluster.members[:serving]]
+        config.host, config.port = publisher.host, _port(publisher)
+        config.endpoints = [(m.host, _port(m)) for m in cluster.members[:serving]]
         # the members that survive are measured: their CPU and memory while they take the displaced clients
         config.server_pids = [m.proc.pid for m in cluster.members[1:] if m.proc is not None]
         config.spawn = False
@@ -125,7 +139,7 @@ def failover_at_scale(folder: Path, config: BenchConfig, members: int = 3, mode:
             _keep_logs(cluster, config.logs)  # a run that failed is the one whose logs are wanted
         report.member_warnings = _member_warnings(cluster)
         report.pauses = pauses_by_phase(cluster, report.timeline)
-    report.target = f"migratory ({members} members, {mode}, member 1 SIGKILLed and restarted)"
+    report.target = f"{config.target} ({members} members, {mode}, member 1 SIGKILLed and restarted)"
     return report
 
 
@@ -144,8 +158,8 @@ def on_cluster(
     # hundred busy processes on two cores misses a 1-s deadline, and the link flaps
     with _started(folder, config, members, mode, workers, 120) as cluster:
         publisher = cluster[members - 1] if publisher_apart else cluster[0]
-        config.host, config.port = publisher.host, publisher.client_port
-        config.endpoints = [(m.host, m.client_port) for m in cluster.members[:serving]]
+        config.host, config.port = publisher.host, _port(publisher)
+        config.endpoints = [(m.host, _port(m)) for m in cluster.members[:serving]]
         config.server_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
         config.spawn = False  # the cluster is the server
         try:
@@ -154,7 +168,7 @@ def on_cluster(
             _keep_logs(cluster, config.logs)
         report.member_warnings = _member_warnings(cluster)
         report.pauses = pauses_by_phase(cluster, report.timeline)
-    report.target = f"migratory ({members} members, {mode}{', publisher apart' if publisher_apart else ''})"
+    report.target = f"{config.target} ({members} members, {mode}{', publisher apart' if publisher_apart else ''})"
     return report
 
 

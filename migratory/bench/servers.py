@@ -172,12 +172,13 @@ def peer_binary(kind: str) -> str | None:
     return found if os.access(found, os.X_OK) else None
 
 
-def make_test_pki(folder: Path, host: str) -> tuple[Path, Path, Path]:
-    """A test CA and a server certificate for ``host`` (and localhost): (CA, certificate chain, key)."""
+def make_test_pki(folder: Path, host: str, *more: str) -> tuple[Path, Path, Path]:
+    """A test CA and a server certificate for ``host``, ``more`` hosts (a cluster's members) and localhost:
+    (CA, certificate chain, key)."""
     from migratory.certs import create_ca, issue_server_cert
 
     ca_cert, ca_key = create_ca(folder / "ca", name="migratory bench test CA")
-    names = list(dict.fromkeys([host, "127.0.0.1", "localhost"]))
+    names = list(dict.fromkeys([host, *more, "127.0.0.1", "localhost"]))
     cert, key = issue_server_cert(ca_cert, ca_key, names, folder / "srv")
     return ca_cert, cert, key
 
