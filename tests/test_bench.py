@@ -333,3 +333,27 @@ def test_a_failover_run_that_would_kill_nothing_is_refused_in_one_line() -> None
     assert done.returncode == 2, done.stdout + done.stderr
     assert "must come before publishing ends" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_wss_clients_over_a_cluster_on_the_lean_tls_client(tmp_path: Path) -> None:
+    """The million's shape over wss:// (issue 35, item 3), small: a 2-member cluster serving ListenEncrypted with
+    a test CA, the load generators on the lean TLS 1.3 client; every message reaches every client."""
+    out = tmp_path / "wss.json"
+    command = [sys.executable, "-m", "migratory_cli.main", "bench", "run", "--spawn", "--target", "migratory-wss"]
+    command += ["--preset", "seed-10m", "--clients", "2000", "--members", "2", "--workers", "2", "--processes", "2"]
+    command += ["--hold", "12", "--set", "BusBatchingTime=20", "--drain", "120", "--json", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["target"].startswith("migratory-wss (2 members") and report["tls_client"] == "lean"
+    assert report["errors"] == [] and report["connected"] == 2000
+    assert report["published"] == round(20 / 60 * 12) and report["expected_deliveries"] == report["published"] * 100
+    assert report["delivered"] == report["expected_deliveries"]
+
+
+def test_an_unknown_tls_client_is_refused_in_one_line() -> None:
+    command = [str(Path(sys.executable).with_name("migratory")), "bench", "run", "--spawn", "--target"]
+    command += ["migratory-wss", "--tls-client", "gnutls"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "expected lean or openssl" in done.stdout + done.stderr and "Traceback" not in done.stdout + done.stderr

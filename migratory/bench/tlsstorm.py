@@ -82,11 +82,17 @@ class _Client:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setblocking(False)
         self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self.tls = (
+        self.tls: ssl.SSLObject | None = (
             context.wrap_bio(self.incoming, self.outgoing, server_hostname=host, session=session)
             if context is not None
             else None
         )
+        # what the handshake gave, kept once the SSLObject is dropped (its 25 KB a client would not fit a
+        # storm of hundreds of thousands held open at once): the session to offer next time, and whether
+        # this one was resumed
+        self.session: ssl.SSLSession | None = None
+        self.reused = False
+        self.cipher = ""
 
     async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         data = self.outgoing.read()
@@ -128,6 +134,15 @@ class _Client:
                     await self._fill(loop)
         if not answer.startswith(b"HTTP/1.1 101"):
             raise ConnectionError(f"upgrade refused: {answer[:40]!r}")
+        if self.tls is not None:  # the tickets came before the 101: the session is complete
+            cipher = self.tls.cipher()
+            self.session, self.reused, self.cipher = (
+                self.tls.session,
+                self.tls.session_reused,
+                cipher[0] if cipher else "",
+            )
+            self.tls = None  # the socket alone stays open until the wave closes
+            self.incoming = self.outgoing = ssl.MemoryBIO()
 
     def close(self) -> None:
         """Abortive (RST, no TIME_WAIT): the same clients come back at once from the same addresses."""
@@ -193,11 +208,10 @@ def _client_main(sources: list[str], count: int, concurrency: int, pipe: Connect
                 context.minimum_version = ssl.TLSVersion.TLSv1_3
             offered: list[ssl.SSLSession | None] = sessions if resume else [None] * count
             done, errors = await _wave(context, address, sources, offered, concurrency)
-            reused = sum(1 for c in done if c.tls is not None and c.tls.session_reused)
-            cipher = done[0].tls.cipher() if done and done[0].tls is not None else None
+            reused = sum(1 for c in done if c.reused)
             if ca and not resume:
-                sessions = [c.tls.session for c in done if c.tls is not None] + [None] * (count - len(done))
-            pipe.send((len(done), reused, cipher[0] if cipher else "", errors))
+                sessions = [c.session for c in done] + [None] * (count - len(done))
+            pipe.send((len(done), reused, done[0].cipher if done else "", errors))
             pipe.recv()  # "close"
             for c in done:
                 c.close()
