@@ -315,6 +315,12 @@ def run_cmd(
     config.size = max(8, config.size)
     if config.tls_client not in ("lean", "openssl"):
         raise typer.BadParameter("expected lean or openssl", param_hint="--tls-client")
+    if config.target in TLS_TARGETS and config.tls_client == "lean":
+        from migratory.bench.leantls import unavailable
+
+        problem = unavailable()
+        if problem:
+            raise typer.BadParameter(problem, param_hint="--tls-client")
     for item in setting:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

@@ -131,6 +131,8 @@ class LocalCluster:
         self.mode = mode
         self.wrap = wrap
         self.members: list[MemberProcess] = []
+        if tls is not None and ports is not None:
+            raise ValueError("a cluster with given ports has no port for ListenEncrypted: tls needs free ports")
         hosts = hosts or [f"127.0.0.{base + i}" for i in range(size)]
         for i, host in enumerate(hosts):
             # in network namespaces each member has its own ports: the given ones are free there

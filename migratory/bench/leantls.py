@@ -39,7 +39,7 @@ from migratory.server.transport.tls import (
     ssl_ctx_pointer,
 )
 
-__all__ = ["LeanClient", "lean_context", "open_lean"]
+__all__ = ["LeanClient", "lean_context", "open_lean", "unavailable"]
 
 _HANDSHAKE, _APPLICATION, _ALERT, _CCS = 22, 23, 21, 20
 _NEW_SESSION_TICKET, _KEY_UPDATE = 4, 24
@@ -76,6 +76,15 @@ def _on_keylog(_ssl_pointer: int | None, line_pointer: int | None) -> None:
 
 
 _callback = _KEYLOG_CALLBACK(_on_keylog)  # alive as long as the process
+
+
+def unavailable() -> str | None:
+    """Why the lean client cannot run on this interpreter (OpenSSL's keylog hook out of reach), or None."""
+    lib = _libssl()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if lib is None or _strlen is None or ssl_ctx_pointer(context, lib) is None:
+        return "the lean TLS client cannot reach OpenSSL's keylog hook on this interpreter; use --tls-client openssl"
+    return None
 
 
 @functools.cache
@@ -122,12 +131,31 @@ class _Keys:
 class LeanClient(asyncio.Protocol, asyncio.Transport):
     """The TCP connection's protocol and the application protocol's transport."""
 
+    __slots__ = (
+        "_app",
+        "_closing",
+        "_hbuf",
+        "_incoming",
+        "_made",
+        "_outgoing",
+        "_rbuf",
+        "_read",
+        "_rsecret",
+        "_ssl",
+        "_suite",
+        "_tcp",
+        "_write",
+        "_wsecret",
+        "up",
+    )
+
     def __init__(self, context: ssl.SSLContext, host: str, app: asyncio.Protocol) -> None:
         super().__init__()
         self._app = app
+        self._made = False  # the application's connection_made ran (then, and only then, its connection_lost)
         self._tcp: asyncio.Transport | None = None
-        self._incoming = ssl.MemoryBIO()
-        self._outgoing = ssl.MemoryBIO()
+        self._incoming: ssl.MemoryBIO | None = ssl.MemoryBIO()
+        self._outgoing: ssl.MemoryBIO | None = ssl.MemoryBIO()
         self._ssl: ssl.SSLObject | None = context.wrap_bio(self._incoming, self._outgoing, server_hostname=host)
         self._suite = ""
         self._wsecret = b""
@@ -158,16 +186,16 @@ class LeanClient(asyncio.Protocol, asyncio.Transport):
         self._closing = True
         if not self.up.done():
             self.up.set_exception(ConnectionError(f"TLS handshake: connection lost ({exc})"))
-            return
-        self._app.connection_lost(exc)
+        if self._made:
+            self._app.connection_lost(exc)
 
     # --- the handshake -------------------------------------------------------------------------
 
     def _handshake(self, data: bytes) -> None:
-        sslobj = self._ssl
-        assert sslobj is not None and self._tcp is not None
+        sslobj, incoming, outgoing = self._ssl, self._incoming, self._outgoing
+        assert sslobj is not None and incoming is not None and outgoing is not None and self._tcp is not None
         if data:
-            self._incoming.write(data)
+            incoming.write(data)
         _Target.client = self
         try:
             sslobj.do_handshake()
@@ -179,7 +207,7 @@ class LeanClient(asyncio.Protocol, asyncio.Transport):
             return
         finally:
             _Target.client = None
-        flight = self._outgoing.read()
+        flight = outgoing.read()
         if flight:
             self._tcp.write(flight)
         if not done:
@@ -195,10 +223,13 @@ class LeanClient(asyncio.Protocol, asyncio.Transport):
         self._suite = cipher[0]
         self._write = _Keys(self._wsecret, self._suite)
         self._read = _Keys(self._rsecret, self._suite)
-        rest = self._incoming.read()  # records after the server's Finished (OpenSSL reads no further)
-        self._ssl = None  # OpenSSL's SSL object and BIOs are freed here
-        self._incoming = self._outgoing = ssl.MemoryBIO()
+        if sslobj.pending():
+            self._fail("TLS handshake: OpenSSL holds application data already read; not taken over")
+            return
+        rest = incoming.read()  # records after the server's Finished (OpenSSL reads no further)
+        self._ssl = self._incoming = self._outgoing = None  # OpenSSL's SSL object and BIOs are freed here
         self.up.set_result(None)
+        self._made = True
         self._app.connection_made(self)
         if rest:
             self._records(rest)

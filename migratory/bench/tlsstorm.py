@@ -81,7 +81,8 @@ class _Client:
     def __init__(self, context: ssl.SSLContext | None, host: str, session: ssl.SSLSession | None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setblocking(False)
-        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.incoming: ssl.MemoryBIO | None = ssl.MemoryBIO()
+        self.outgoing: ssl.MemoryBIO | None = ssl.MemoryBIO()
         self.tls: ssl.SSLObject | None = (
             context.wrap_bio(self.incoming, self.outgoing, server_hostname=host, session=session)
             if context is not None
@@ -95,7 +96,7 @@ class _Client:
         self.cipher = ""
 
     async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        data = self.outgoing.read()
+        data = self.outgoing.read() if self.outgoing is not None else b""
         if data:
             await loop.sock_sendall(self.sock, data)
 
@@ -103,7 +104,7 @@ class _Client:
         chunk = await loop.sock_recv(self.sock, 65536)
         if not chunk:
             raise ConnectionError("the server closed the connection")
-        if self.tls is not None:
+        if self.incoming is not None:
             self.incoming.write(chunk)
         return chunk
 
@@ -142,7 +143,7 @@ class _Client:
                 cipher[0] if cipher else "",
             )
             self.tls = None  # the socket alone stays open until the wave closes
-            self.incoming = self.outgoing = ssl.MemoryBIO()
+            self.incoming = self.outgoing = None
 
     def close(self) -> None:
         """Abortive (RST, no TIME_WAIT): the same clients come back at once from the same addresses."""
