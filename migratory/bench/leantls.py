@@ -78,13 +78,22 @@ def _on_keylog(_ssl_pointer: int | None, line_pointer: int | None) -> None:
 _callback = _KEYLOG_CALLBACK(_on_keylog)  # alive as long as the process
 
 
+_UNREACHABLE = "the lean TLS client cannot reach OpenSSL's keylog hook on this interpreter; use --tls-client openssl"
+
+
+def _set_hook(context: ssl.SSLContext) -> bool:
+    """Set the keylog hook on ``context``; False where libssl or the context's ``SSL_CTX`` cannot be reached."""
+    lib = _libssl()
+    pointer = ssl_ctx_pointer(context, lib) if lib is not None else None
+    if lib is None or pointer is None or _strlen is None:
+        return False
+    lib.SSL_CTX_set_keylog_callback(pointer, _callback)
+    return True
+
+
 def unavailable() -> str | None:
     """Why the lean client cannot run on this interpreter (OpenSSL's keylog hook out of reach), or None."""
-    lib = _libssl()
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    if lib is None or _strlen is None or ssl_ctx_pointer(context, lib) is None:
-        return "the lean TLS client cannot reach OpenSSL's keylog hook on this interpreter; use --tls-client openssl"
-    return None
+    return None if _set_hook(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)) else _UNREACHABLE
 
 
 @functools.cache
@@ -93,11 +102,8 @@ def lean_context(ca: str) -> ssl.SSLContext:
     TLS 1.3 only, with the keylog hook set; ``ValueError`` if libssl cannot be reached."""
     context = ssl.create_default_context(cafile=ca)
     context.minimum_version = ssl.TLSVersion.TLSv1_3
-    lib = _libssl()
-    pointer = ssl_ctx_pointer(context, lib) if lib is not None else None
-    if lib is None or pointer is None or _strlen is None:
-        raise ValueError("lean TLS client: cannot reach OpenSSL's keylog hook on this interpreter")
-    lib.SSL_CTX_set_keylog_callback(pointer, _callback)
+    if not _set_hook(context):
+        raise ValueError(_UNREACHABLE)
     return context
 
 
@@ -223,6 +229,7 @@ class LeanClient(asyncio.Protocol, asyncio.Transport):
         self._suite = cipher[0]
         self._write = _Keys(self._wsecret, self._suite)
         self._read = _Keys(self._rsecret, self._suite)
+        self._wsecret = self._rsecret = b""  # held by the keys from here on (and replaced there by a KeyUpdate)
         if sslobj.pending():
             self._fail("TLS handshake: OpenSSL holds application data already read; not taken over")
             return
