@@ -36,6 +36,7 @@ No I/O here: callers pass the clock.
 from __future__ import annotations
 
 import enum
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -132,8 +133,10 @@ class Replica:
     """Every subject's position, snapshot and (optionally) cache, in one process."""
 
     __slots__ = (
+        "_cache_due",
         "_cached",
         "_ids",
+        "_ids_due",
         "_kept",
         "_recent",
         "_snapshots",
@@ -158,9 +161,16 @@ class Replica:
         self.cache_ttl = cache_ttl
         self.id_window = id_window  # seconds a numbered publish id is remembered (0: only while cached)
         self._recent: dict[str, tuple[str, int, int]] = {}  # publish id -> position, oldest first
-        self._with_ids: set[str] = set()
+        # Expiry walks only what is due: each subject with a cache (or ids) is in a heap once, under the
+        # time of its oldest entry, and the dict says which heap entry is the current one (a subject
+        # whose cache was dropped and made again leaves a stale one behind, skipped when it comes up).
+        # A walk over every subject on each tick cost a member's agent about 7 ms a tick at 10,000
+        # subjects, most of its CPU while the cluster was otherwise idle.
+        self._with_ids: dict[str, float] = {}
+        self._ids_due: list[tuple[float, str]] = []
         self._states: dict[str, _State] = {}
-        self._cached: set[str] = set()
+        self._cached: dict[str, float] = {}
+        self._cache_due: list[tuple[float, str]] = []
         self._ids: dict[str, tuple[str, int, int]] = {}
         self._snapshots = 0  # subjects with a snapshot, kept as they change: counted every second
         self.gaps = 0
@@ -296,7 +306,7 @@ class Replica:
             cache = state.cache
             if cache is None:
                 cache = state.cache = deque()
-                self._cached.add(subject)
+                self._cache_from(subject, now)
             if len(cache) >= size:
                 self._forget(cache.popleft()[1])
             cache.append((now, entry))
@@ -312,7 +322,7 @@ class Replica:
         ids = state.ids
         if ids is None:
             ids = state.ids = deque()
-            self._with_ids.add(subject)
+            self._ids_from(subject, now)
         if len(ids) >= IDS_PER_SUBJECT:
             self._unremember(ids.popleft())
         ids.append((now, pid, epoch, seq))
@@ -337,36 +347,59 @@ class Replica:
             for _, entry in state.cache:
                 self._forget(entry)
         state.cache = None
-        self._cached.discard(subject)
+        self._cached.pop(subject, None)
+
+    def _cache_from(self, subject: str, when: float) -> None:
+        """``subject``'s oldest cached message is from ``when``: file it for expiry then (if messages expire)."""
+        self._cached[subject] = when
+        if self.cache_ttl:
+            heapq.heappush(self._cache_due, (when, subject))
+
+    def _ids_from(self, subject: str, when: float) -> None:
+        """``subject``'s oldest remembered publish id is from ``when``: file it for expiry then."""
+        self._with_ids[subject] = when
+        heapq.heappush(self._ids_due, (when, subject))
 
     def expire(self, now: float) -> int:
         """Drop cached messages older than ``cache_ttl`` (and publish ids older than ``id_window``);
-        returns how many messages."""
-        if self.id_window and self._with_ids:
+        returns how many messages. Costs what is due, not the number of subjects."""
+        if self.id_window:
             horizon = now - self.id_window
-            for subject in list(self._with_ids):
+            heap, current = self._ids_due, self._with_ids
+            while heap and heap[0][0] <= horizon:
+                when, subject = heapq.heappop(heap)
+                if current.get(subject) != when:
+                    continue  # a stale entry: the subject's ids were dropped and remembered again since
                 state = self._states[subject]
                 ids = state.ids
                 assert ids is not None
                 while ids and ids[0][0] <= horizon:
                     self._unremember(ids.popleft())
-                if not ids:
+                if ids:
+                    self._ids_from(subject, ids[0][0])  # the oldest left (maybe pushed out by size)
+                else:
                     state.ids = None
-                    self._with_ids.discard(subject)
-        if not self.cache_ttl or not self._cached:
+                    del current[subject]
+        if not self.cache_ttl:
             return 0
         cutoff = now - self.cache_ttl
         dropped = 0
-        for subject in list(self._cached):
+        heap, current = self._cache_due, self._cached
+        while heap and heap[0][0] <= cutoff:
+            when, subject = heapq.heappop(heap)
+            if current.get(subject) != when:
+                continue  # stale, as above
             state = self._states[subject]
             cache = state.cache
             assert cache is not None
             while cache and cache[0][0] <= cutoff:
                 self._forget(cache.popleft()[1])
                 dropped += 1
-            if not cache:
+            if cache:
+                self._cache_from(subject, cache[0][0])
+            else:
                 state.cache = None
-                self._cached.discard(subject)
+                del current[subject]
         return dropped
 
     # --- merging another replica's state -----------------------------------------------
@@ -426,7 +459,7 @@ class Replica:
         if not kept:
             return
         state.cache = deque((now, entry) for entry in kept)
-        self._cached.add(subject)
+        self._cache_from(subject, now)
         for entry in kept:
             if entry.publish_id:
                 self._ids[entry.publish_id] = (subject, entry.epoch, entry.seq)

@@ -245,3 +245,61 @@ def test_the_subjects_kept_for_stored_sessions_follow_their_latest_record() -> N
     assert replica.kept() == {"/a/b"}  # still wanted by c2
     wanted.heard("c2", Record("w/2", 3.0, False, 600, 5.0, [("a/b", 1, 0, False)]), 700.0)  # expired away
     assert replica.kept() == set()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["apply", "apply", "apply", "merge", "keep", "expire"]),
+            st.integers(0, 4),  # subject
+            st.floats(0.0, 3.0),  # time step
+        ),
+        max_size=80,
+    ),
+    st.booleans(),
+)
+def test_expiry_drops_exactly_the_old_front_of_every_cache(
+    steps: list[tuple[str, int, float]], keep_only: bool
+) -> None:
+    """Expiry visits only the subjects due (a heap, not a walk over all of them) but must drop what the walk
+    did: in every subject, the run of oldest messages (and publish ids) past their time, nothing more,
+    through caches dropped and made again by merges and by keep()."""
+    ttl = 5.0
+    replica = Replica(0 if keep_only else 3, ttl, id_window=ttl, keep_size=3 if keep_only else 0)
+    source = Replica(6, 0.0)
+    now = 0.0
+    seqs = dict.fromkeys(range(5), 0)
+    for op, n, step in steps:
+        now += step
+        subject = f"/s/{n}"
+        if op == "apply":
+            seqs[n] += 1
+            replica.apply(subject, Entry(1, seqs[n], b"m", publish_id=f"{n}-{seqs[n]}"), now)
+            source.apply(subject, Entry(1, seqs[n], b"m"), now)
+        elif op == "merge":  # a longer history of another epoch: adopted, the cache made again
+            for _ in range(2):
+                seqs[n] += 1
+                source.apply(subject, Entry(2, seqs[n], b"o"), now)
+            sync = source.sync(subject)
+            assert sync is not None
+            replica.merge(sync, now)
+        elif op == "keep":
+            replica.keep(subject, not replica.kept() or subject not in replica.kept())
+        else:
+            cutoff = now - ttl
+            states = replica._states
+            expected = 0
+            for state in states.values():
+                for when, _ in state.cache or ():
+                    if when > cutoff:
+                        break
+                    expected += 1
+            assert replica.expire(now) == expected
+            for state in states.values():
+                assert not state.cache or state.cache[0][0] > cutoff
+                assert not state.ids or state.ids[0][0] > cutoff
+            assert set(replica._cached) == {s for s, state in states.items() if state.cache}
+            assert set(replica._with_ids) == {s for s, state in states.items() if state.ids}
+            for current, heap in ((replica._cached, replica._cache_due), (replica._with_ids, replica._ids_due)):
+                assert all(heap.count((when, s)) == 1 for s, when in current.items())  # filed once, not twice
