@@ -137,6 +137,7 @@ class Replica:
         "_cached",
         "_ids",
         "_ids_due",
+        "_messages",
         "_kept",
         "_recent",
         "_snapshots",
@@ -171,6 +172,7 @@ class Replica:
         self._states: dict[str, _State] = {}
         self._cached: dict[str, float] = {}
         self._cache_due: list[tuple[float, str]] = []
+        self._messages = 0  # cached messages in all, kept as caches change (the agent reports it every second)
         self._ids: dict[str, tuple[str, int, int]] = {}
         self._snapshots = 0  # subjects with a snapshot, kept as they change: counted every second
         self.gaps = 0
@@ -246,7 +248,7 @@ class Replica:
         return set(self._kept)
 
     def cached_messages(self) -> int:
-        return sum(len(self._states[s].cache or ()) for s in self._cached)
+        return self._messages
 
     def find_publish(self, publish_id: str) -> tuple[str, int, int] | None:
         """``(subject, epoch, seq)`` of a recent message with this publish id (idempotent retries)."""
@@ -309,7 +311,9 @@ class Replica:
                 self._cache_from(subject, now)
             if len(cache) >= size:
                 self._forget(cache.popleft()[1])
+                self._messages -= 1
             cache.append((now, entry))
+            self._messages += 1
             if entry.publish_id:
                 self._ids[entry.publish_id] = (subject, entry.epoch, entry.seq)
         if self.id_window and entry.publish_id:
@@ -346,6 +350,7 @@ class Replica:
         if state.cache:
             for _, entry in state.cache:
                 self._forget(entry)
+            self._messages -= len(state.cache)
         state.cache = None
         self._cached.pop(subject, None)
 
@@ -400,6 +405,7 @@ class Replica:
             else:
                 state.cache = None
                 del current[subject]
+        self._messages -= dropped
         return dropped
 
     # --- merging another replica's state -----------------------------------------------
@@ -459,6 +465,7 @@ class Replica:
         if not kept:
             return
         state.cache = deque((now, entry) for entry in kept)
+        self._messages += len(kept)
         self._cache_from(subject, now)
         for entry in kept:
             if entry.publish_id:

@@ -301,5 +301,6 @@ def test_expiry_drops_exactly_the_old_front_of_every_cache(
                 assert not state.ids or state.ids[0][0] > cutoff
             assert set(replica._cached) == {s for s, state in states.items() if state.cache}
             assert set(replica._with_ids) == {s for s, state in states.items() if state.ids}
+            assert replica.cached_messages() == sum(len(state.cache or ()) for state in states.values())
             for current, heap in ((replica._cached, replica._cache_due), (replica._with_ids, replica._ids_due)):
                 assert all(heap.count((when, s)) == 1 for s, when in current.items())  # filed once, not twice
