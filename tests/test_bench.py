@@ -291,6 +291,43 @@ def test_a_refused_publication_is_not_waited_for() -> None:
     assert sum(codec.refused.values()) == 3
 
 
+@pytest.mark.parametrize(("status", "attempts"), [(503, 6), (400, 1)])
+def test_a_roaming_client_tries_a_refused_upgrade_again_as_the_loaders_do(
+    status: int, attempts: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first connection answered 503 (a worker waiting for its agent's word) is tried again, up to
+    REFUSED_RETRIES times and counted; any other refusal ends the client at once, as an error."""
+    import asyncio
+
+    from migratory.bench import roaming
+    from migratory.bench.loader import REFUSED_RETRIES, LoaderSpec
+
+    monkeypatch.setattr(roaming.random, "uniform", lambda a, b: 0.01)
+    seen: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 %d Refused\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" % status)
+        await writer.drain()
+        writer.close()
+
+    async def main() -> RoamState:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        spec = LoaderSpec("migratory", "127.0.0.1", port, "127.0.0.1", [["/bench/s0"]])
+        state = RoamState()
+        first: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        await asyncio.wait_for(roaming._client(spec, 0, ["/bench/s0"], state, asyncio.Semaphore(1), first, set()), 30)
+        server.close()
+        assert first.result() is False
+        return state
+
+    state = asyncio.run(main())
+    assert len(seen) == attempts and all(b"Upgrade" in request for request in seen)
+    assert state.refused == (REFUSED_RETRIES if status == 503 else 0) and REFUSED_RETRIES + 1 == 6
+    assert sum(state.reasons.values()) == 1 and str(status) in next(iter(state.reasons))  # one failure, its cause
+
+
 def test_a_roaming_client_counts_every_skipped_or_repeated_message() -> None:
     """roaming.py's check: a seq that skips is a message lost, one seen again a duplicate, a snapshot only
     sets the position, a NOTIFY_DATA_RESYNC is counted and lets the snapshot that follows reposition."""

@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from migratory import protocol as p
-from migratory.bench.loader import BUCKETS, LoaderSpec, bucket_of, connect_from, open_client
+from migratory.bench.loader import BUCKETS, REFUSED_RETRIES, LoaderSpec, bucket_of, connect_from, open_client
 from migratory.bench.wire import MigratoryCodec, _mask
 
 __all__ = ["RoamingCodec", "roamer_main"]
@@ -77,6 +77,7 @@ class RoamState:
         self.displaced: set[int] = set()  # clients that lost a connection
         self.awaiting: set[int] = set()  # displaced clients whose recovery has not ended yet
         self.reconnect_failures = 0
+        self.refused = 0  # first connections answered 503 (a member not ready for a moment) and tried again
         self.errors = 0
         self.reasons: dict[str, int] = {}
         self.phase = "before"
@@ -291,12 +292,18 @@ async def _client(
     positions: dict[str, tuple[int, int]] = {}
     delay = BACKOFF_FIRST
     dropped = False
+    refusals = 0
     while not state.stopping:
         codec = RoamingCodec(state, positions, resume=dropped)
         try:
             async with semaphore:
                 client = await asyncio.wait_for(_open(spec, endpoints[at], source, subjects, codec), 60)
         except Exception as exc:  # whatever failed: the client tries again, or reports it if it never connected
+            if not first.done() and refusals < REFUSED_RETRIES and " 503 " in str(exc):
+                refusals += 1  # a worker waiting for its agent's word: clients try again, as the loader's do
+                state.refused += 1
+                await asyncio.sleep(random.uniform(0.5, 1.5))
+                continue
             if not first.done():
                 reason = f"{type(exc).__name__}: {exc}"[:100]
                 state.reasons[reason] = state.reasons.get(reason, 0) + 1
@@ -351,7 +358,7 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
         tasks.append(asyncio.ensure_future(_client(spec, index, subjects, state, semaphore, first, transports)))
     results = await asyncio.gather(*firsts)
     ok = sum(results)
-    pipe.send(("connected", ok, len(results) - ok, time.monotonic() - started, state.reasons))
+    pipe.send(("connected", ok, len(results) - ok, time.monotonic() - started, state.reasons, state.refused))
 
     def stats() -> None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
