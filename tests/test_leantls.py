@@ -18,7 +18,7 @@ import pytest
 
 from migratory.bench.leantls import LeanClient, lean_context, open_lean
 from migratory.certs import create_ca, issue_server_cert
-from migratory.server.transport.tls import _libssl, ssl_ctx_pointer
+from migratory.server.transport.tls import _libssl, ssl_ctx_pointer, traffic_secret
 from tests.conftest import free_port
 
 
@@ -204,3 +204,22 @@ def test_a_server_certificate_the_ca_did_not_sign_is_refused(
 
     asyncio.run(main())
     assert lean_context(str(other_ca)).minimum_version == ssl.TLSVersion.TLSv1_3
+
+
+def test_both_ends_read_the_same_two_lines_of_openssls_key_log() -> None:
+    """traffic_secret, shared by the server's hook and this client's: the two application traffic secrets,
+    whose side, and nothing from any other line or from digits that are not hex."""
+    random_hex = "ab" * 32
+    secret = bytes(range(48))
+    for label, server in (("SERVER_TRAFFIC_SECRET_0", True), ("CLIENT_TRAFFIC_SECRET_0", False)):
+        line = f"{label} {random_hex} {secret.hex()}".encode()
+        assert traffic_secret(line) == (server, bytearray(secret))
+        assert traffic_secret(memoryview(line)) == (server, bytearray(secret))
+    for line in (
+        f"CLIENT_HANDSHAKE_TRAFFIC_SECRET {random_hex} {secret.hex()}",
+        f"EXPORTER_SECRET {random_hex} {secret.hex()}",
+        f"SERVER_TRAFFIC_SECRET_0 {random_hex} {secret.hex()[:-1]}",  # odd count of digits
+        f"SERVER_TRAFFIC_SECRET_0 {random_hex} {secret.hex()[:-2]}zz",
+        "SERVER_TRAFFIC_SECRET_0 ",
+    ):
+        assert traffic_secret(line.encode()) is None, line

@@ -35,8 +35,9 @@ from migratory.server.transport.tls import (
     SUITES,
     _libssl,
     _strlen,
-    _unhex,
     ssl_ctx_pointer,
+    traffic_secret,
+    wipe,
 )
 
 __all__ = ["LeanClient", "lean_context", "open_lean", "unavailable"]
@@ -45,8 +46,6 @@ _HANDSHAKE, _APPLICATION, _ALERT, _CCS = 22, 23, 21, 20
 _NEW_SESSION_TICKET, _KEY_UPDATE = 4, 24
 _MAX_PLAINTEXT = 1 << 14
 _MAX_CIPHERTEXT = _MAX_PLAINTEXT + 256
-_CLIENT_LABEL = b"CLIENT_TRAFFIC_SECRET_0 "
-_SERVER_LABEL = b"SERVER_TRAFFIC_SECRET_0 "
 
 
 class _Target:
@@ -60,19 +59,15 @@ def _on_keylog(_ssl_pointer: int | None, line_pointer: int | None) -> None:
     if client is None or not line_pointer or _strlen is None:
         return
     line = memoryview((ctypes.c_char * _strlen(line_pointer)).from_address(line_pointer)).cast("B")
-    label = bytes(line[: len(_CLIENT_LABEL)])
-    if label not in (_CLIENT_LABEL, _SERVER_LABEL):
+    found = traffic_secret(line)
+    if found is None:
         return
-    start = len(line)
-    while start > len(label) and line[start - 1] != 0x20:  # "<label> <client random> <secret>"
-        start -= 1
-    secret = _unhex(line[start:])
-    if secret is None:
-        return
-    if label == _CLIENT_LABEL:
-        client._wsecret = bytes(secret)
-    else:
+    server, secret = found
+    if server:
         client._rsecret = bytes(secret)
+    else:
+        client._wsecret = bytes(secret)
+    wipe(secret)
 
 
 _callback = _KEYLOG_CALLBACK(_on_keylog)  # alive as long as the process

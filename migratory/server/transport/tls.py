@@ -160,6 +160,8 @@ __all__ = [
     "lean_verdict",
     "prefer_aes128",
     "run_selftests",
+    "traffic_secret",
+    "wipe",
 ]
 
 log = logging.getLogger("migratory.server.tls")
@@ -397,6 +399,24 @@ def _unhex(digits: bytes | memoryview) -> bytearray | None:
     return out
 
 
+def traffic_secret(line: bytes | memoryview) -> tuple[bool, bytearray] | None:
+    """``(the server's?, secret)`` from a key log line of a TLS 1.3 application traffic secret, else None.
+
+    The secret is the line's last field ("<label> <client random> <secret>"), parsed into a new
+    ``bytearray`` for the caller to wipe; the server's own hook and the load generators' lean client
+    (migratory/bench/leantls.py) both read OpenSSL's lines with it."""
+    size = len(_SERVER_SECRET_LABEL)
+    label = line[:size]
+    server = label == _SERVER_SECRET_LABEL
+    if not server and label != _CLIENT_SECRET_LABEL:
+        return None
+    start = len(line)
+    while start > size and line[start - 1] != 0x20:
+        start -= 1
+    secret = _unhex(line[start:])
+    return None if secret is None else (server, secret)
+
+
 def _on_keylog(ssl_pointer: int | None, line: bytes | memoryview | None) -> None:
     """One line of OpenSSL's key log: the two application traffic secrets are kept, nothing else.
 
@@ -415,18 +435,10 @@ def _on_keylog(ssl_pointer: int | None, line: bytes | memoryview | None) -> None
         target._sslp = ssl_pointer or 0
     elif target._sslp != ssl_pointer:
         target._sslp = 0
-    size = len(_SERVER_SECRET_LABEL)
-    label = line[:size]
-    server = label == _SERVER_SECRET_LABEL
-    if not server and label != _CLIENT_SECRET_LABEL:
+    found = traffic_secret(line)
+    if found is None:
         return
-    end = len(line)
-    start = end
-    while start > size and line[start - 1] != 0x20:  # the secret is the last field: "<label> <random> <secret>"
-        start -= 1
-    secret = _unhex(line[start:end])
-    if secret is None:
-        return
+    server, secret = found
     if server:
         wipe(target._wsecret)
         target._wsecret = secret
