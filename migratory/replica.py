@@ -162,11 +162,13 @@ class Replica:
         self.cache_ttl = cache_ttl
         self.id_window = id_window  # seconds a numbered publish id is remembered (0: only while cached)
         self._recent: dict[str, tuple[str, int, int]] = {}  # publish id -> position, oldest first
-        # Expiry walks only what is due: each subject with a cache (or ids) is in a heap once, under the
-        # time of its oldest entry, and the dict says which heap entry is the current one (a subject
-        # whose cache was dropped and made again leaves a stale one behind, skipped when it comes up).
-        # A walk over every subject on each tick cost a member's agent about 7 ms a tick at 10,000
-        # subjects, most of its CPU while the cluster was otherwise idle.
+        # Expiry walks only what is due: each subject with a cache (or ids) is filed in a heap under the
+        # time of its oldest entry, and the dict says which heap entry is the current one (a cache
+        # dropped and made again leaves its old entry behind, skipped when it comes up; bounded, as it
+        # comes up within cache_ttl). A walk over every subject on each tick cost a member's agent
+        # about 7 ms a tick at 10,000 subjects, most of its CPU while the cluster was otherwise idle.
+        # The clock must not go back (callers pass their loop's time), or an entry could outlive its
+        # time until the subject's next filing.
         self._with_ids: dict[str, float] = {}
         self._ids_due: list[tuple[float, str]] = []
         self._states: dict[str, _State] = {}
