@@ -246,6 +246,16 @@ def test_pauses_land_in_the_phase_their_timestamp_falls_in() -> None:
             ),
             record("50:25.000", "member agent: event loop stalled for 2.6 s, 0.3 s of it on the CPU (a long task)"),
             record("50:26.000", "cluster link with member 1 dropped: no heartbeat for 3.0 s"),
+            record(
+                "50:27.000",
+                "member agent: event loop stalled for 1.9 s, 0.1 s of it on the CPU, 0.2 s waiting for a core"
+                " (blocked)",
+            ),
+            record(
+                "50:28.000",
+                "member agent: event loop stalled for 1.2 s, 0.1 s of it on the CPU, 1.1 s waiting for a core"
+                " (waiting for a core)",
+            ),
         ]
     )
 
@@ -264,7 +274,11 @@ def test_pauses_land_in_the_phase_their_timestamp_falls_in() -> None:
     assert pauses_by_phase(cast(LocalCluster, Fake()), timeline) == {
         "started": {"member 0 worker starved": {"count": 1, "longest_s": 2.0}},
         "publishing": {"member 0 worker collection (generation 2)": {"count": 2, "longest_s": 1.1}},
-        "drained": {"member 0 agent long task": {"count": 1, "longest_s": 2.6}},
+        "drained": {
+            "member 0 agent long task": {"count": 1, "longest_s": 2.6},
+            "member 0 agent blocked": {"count": 1, "longest_s": 1.9},
+            "member 0 agent starved": {"count": 1, "longest_s": 1.2},
+        },
     }
 
 

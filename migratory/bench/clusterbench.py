@@ -172,12 +172,12 @@ def on_cluster(
     return report
 
 
-# pauses.py's lines: which process, what kind (a collection, a starved loop, a long task) and how long
+# pauses.py's lines: which process, what kind (a collection, a starved loop, a long task, blocked) and how long
 # (logs of before the CPU share was logged: a stall without its cause)
 _PAUSE = re.compile(
     r"^(?P<who>worker \d+|member agent): (?:garbage collection of generation (?P<gen>\d+) held the process for"
     r" (?P<gc>[\d.]+) s|event loop stalled for (?P<late>[\d.]+) s(?:, (?P<busy>[\d.]+) s of it on the CPU"
-    r" \((?P<cause>[^)]*)\))?)"
+    r"(?:, (?P<queued>[\d.]+) s waiting for a core)? \((?P<cause>[^)]*)\))?)"
 )
 
 
@@ -251,7 +251,15 @@ def pauses_by_phase(cluster: LocalCluster, timeline: dict[str, str]) -> dict[str
                 kind, seconds = f"collection (generation {found['gen']})", float(found["gc"])
             else:
                 cause = found["cause"]
-                kind = "stalled" if cause is None else "starved" if "waiting" in cause else "long task"
+                kind = (
+                    "stalled"
+                    if cause is None
+                    else "starved"
+                    if "waiting" in cause
+                    else "blocked"
+                    if cause == "blocked"
+                    else "long task"
+                )
                 seconds = float(found["late"])
             who = "agent" if found["who"] == "member agent" else "worker"
             row = table.setdefault(phase, {})

@@ -45,15 +45,38 @@ def watch(loop: asyncio.AbstractEventLoop, name: str) -> None:
     gc.callbacks.append(on_gc)
     due = [loop.time() + CHECK_EVERY]
     cpu = [time.process_time()]
+    queued = [_run_queue_wait()]
 
     def check() -> None:
-        now, used = loop.time(), time.process_time()
+        now, used, waited = loop.time(), time.process_time(), _run_queue_wait()
         late, busy = now - due[0], used - cpu[0]  # busy: this process's CPU since the last check
         if late >= STALL:
-            # the CPU it had says which: a long task runs even on shared cores, a starved process waits
-            cause = "a long task" if busy >= late / 4 else "waiting for a core, or blocked"
-            log.warning("%s: event loop stalled for %.1f s, %.1f s of it on the CPU (%s)", name, late, busy, cause)
-        due[0], cpu[0] = now + CHECK_EVERY, used
+            log.warning("%s: event loop stalled for %.1f s, %s", name, late, _account(late, busy, queued[0], waited))
+        due[0], cpu[0], queued[0] = now + CHECK_EVERY, used, waited
         loop.call_at(due[0], check)
 
     loop.call_at(due[0], check)
+
+
+def _run_queue_wait() -> float | None:
+    """Seconds this thread has spent runnable but not running (the kernel's schedstat; None if it has none)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _account(late: float, busy: float, before: float | None, after: float | None) -> str:
+    """Where a stall went: on the CPU (a long task: a collection, a big batch), on the run queue (the cores
+    were busy with others: the fix is fewer busy processes or a higher priority), or neither (blocked in
+    the kernel: a page fault, a lock, a full pipe). "Waiting for a core, or blocked" could not tell a
+    nice -20 agent's starvation from a lock held by a preempted worker. The run-queue time is over the
+    interval since the last check, which also holds up to CHECK_EVERY of ordinary waiting."""
+    if before is None or after is None:
+        cause = "a long task" if busy >= late / 4 else "waiting for a core, or blocked"
+        return f"{busy:.1f} s of it on the CPU ({cause})"
+    waited = max(0.0, after - before)
+    blocked = late - busy - waited
+    cause = "a long task" if busy >= late / 4 else "waiting for a core" if waited >= blocked else "blocked"
+    return f"{busy:.1f} s of it on the CPU, {waited:.1f} s waiting for a core ({cause})"
