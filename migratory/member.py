@@ -79,6 +79,9 @@ class Wire(Protocol):
     def stream_to_worker(self, worker: int, frames: Iterator[BusFrame]) -> None:
         """Send frames rendered only as the worker reads them (a whole state: they are not all held at once)."""
 
+    def stream_to_workers(self, workers: Iterable[int], frames: Iterator[BusFrame]) -> None:
+        """As stream_to_worker, to several workers, each frame rendered once for all of them."""
+
     def drop_peer(self, member: int, reason: str) -> None: ...
 
 
@@ -364,15 +367,14 @@ class Member:
             self._state_to_worker(worker)
         self.wire.to_worker(worker, self.info())
 
-    def _state_to_worker(self, worker: int, subjects: list[str] | None = None) -> None:
-        if subjects is None:
-            subjects = private_first(self.replica.subjects())
-        self.wire.stream_to_worker(worker, self._state_frames(subjects))
+    def _state_to_worker(self, worker: int) -> None:
+        self.wire.stream_to_worker(worker, self._state_frames(private_first(self.replica.subjects())))
 
     def _state_frames(self, subjects: Iterable[str]) -> Iterator[BusFrame]:
         """The state of ``subjects`` as it is when each is read (each under its group's epoch): a starting
-        worker's copy is rendered as the worker takes it, and whatever the worker is sent meanwhile, already
-        in it, counts as a duplicate."""
+        worker's copy is rendered as the worker (or, shared, the first of the workers) takes it. What a
+        worker is sent meanwhile follows the stream on its link: already in the state, it counts as a
+        duplicate; not yet in it, it comes after it, in order."""
         for subject in subjects:
             state = self.replica.sync(subject)
             if state is not None:
@@ -763,9 +765,8 @@ class Member:
 
     def _become_ready(self, now: float) -> None:
         self.ready = True
-        subjects = private_first(self.replica.subjects())  # one list for every worker's stream
-        for worker in self.workers:
-            self._state_to_worker(worker, subjects)
+        # one stream for every worker, rendered once as the first of them reads it
+        self.wire.stream_to_workers(sorted(self.workers), self._state_frames(private_first(self.replica.subjects())))
         self.wire.to_workers(self.info())
         held, self._held = self._held, []
         for member, frame in held:

@@ -9,7 +9,7 @@ Guaranteed mode's table from what the leader sees, as the real leader does.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from migratory import bus as b
@@ -230,6 +230,10 @@ class _Wire:
 
     def stream_to_worker(self, worker: int, frames: Iterator[b.BusFrame]) -> None:
         self.net.outbox[self.me].append(frames)  # rendered when the worker reads it, as the bus does
+
+    def stream_to_workers(self, workers: Iterable[int], frames: Iterator[b.BusFrame]) -> None:
+        if list(workers):  # the simulation's workers are one outbox
+            self.stream_to_worker(0, frames)
 
     def drop_peer(self, member: int, reason: str) -> None:
         self.net.links.discard(frozenset((self.me, member)))

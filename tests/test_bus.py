@@ -244,6 +244,100 @@ def test_a_stream_that_fails_relinks_its_peer_and_the_others_go_on() -> None:
     assert two.writes == three.writes == [b"all", b"later"]
 
 
+def test_a_shared_stream_renders_each_frame_once_and_keeps_only_what_a_reader_still_needs() -> None:
+    """fan_out: three readers at different paces each get the whole stream, in order, from one rendering;
+    what every reader has passed is let go, and a reader dropped (its link gone) holds nothing back."""
+    from migratory.server.node.bus import fan_out
+
+    rendered: list[int] = []
+
+    def source() -> Iterator[bytes]:
+        for n in range(5000):
+            rendered.append(n)
+            yield str(n).encode()
+
+    fast, slow, dropped = fan_out(source(), 3)
+    shared = fast._shared  # type: ignore[attr-defined]
+    got_fast = [next(fast) for _ in range(3000)]
+    got_slow = [next(slow) for _ in range(10)]
+    kept = len(shared._chunks)
+    assert kept >= 2990  # the slow reader and the dropped one still need them
+    del dropped
+    got_slow += [next(slow) for _ in range(2990)]
+    got_fast += list(fast)
+    # at most twice what the slowest reader still needs (checked as the kept part doubles), not all of it
+    assert 2000 <= len(shared._chunks) <= 2 * (fast.position - slow.position)  # type: ignore[attr-defined]
+    got_slow += list(slow)
+    expected = [str(n).encode() for n in range(5000)]
+    assert got_fast == got_slow == expected
+    assert rendered == list(range(5000))  # once each, for all three
+
+
+def test_a_stream_shared_by_several_links_is_rendered_once_and_what_follows_it_waits() -> None:
+    """A member agent that becomes ready sends its whole state to every worker at once: one rendering for
+    all of them (56 renderings cost its agent 7 s at a million clients), each worker at its own pace, and
+    a frame sent after the stream reaches each worker after all of it."""
+    import asyncio
+
+    from migratory.server.node.bus import HIGH_WATER, Bus
+
+    rendered: list[int] = []
+    part = b"s" * (HIGH_WATER // 4)
+
+    def stream() -> Iterator[bytes]:
+        for n in range(12):
+            rendered.append(n)
+            yield part + bytes([n])
+
+    async def scenario() -> dict[int, bytes]:
+        bus = Bus(0, [1, 2, 3, 4], "test", b"secret", lambda frame, peer: None, lambda peer: None)
+        links = {index: _linked(bus, index) for index in (1, 2, 3)}  # worker 4 is down: it gets nothing
+        bus.send_stream_to([1, 2, 3, 4], stream())
+        bus.broadcast_raw(b"after")
+        for turn in range(40):
+            links[1].read_all()  # a fast worker
+            if turn % 4 == 0:
+                links[2].read_all()  # a slow one; worker 3 reads only at the end
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        for _ in range(20):
+            for link in links.values():
+                link.read_all()
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        return {index: b"".join(link.writes) for index, link in links.items()}
+
+    written = asyncio.run(scenario())
+    whole = b"".join(part + bytes([n]) for n in range(12)) + b"after"
+    assert written == {1: whole, 2: whole, 3: whole}
+    assert rendered == list(range(12))
+
+
+def test_a_shared_stream_that_fails_relinks_every_peer_reading_it() -> None:
+    """A bug rendering the shared state fails every worker it was going to, not only the first to read
+    on: the others must not take a state cut short for a whole one."""
+    import asyncio
+
+    from migratory.server.node.bus import Bus
+
+    def broken() -> Iterator[bytes]:
+        yield b"one"
+        raise ValueError("no such subject")
+
+    async def scenario() -> dict[int, _Recorder]:
+        bus = Bus(0, [1, 2, 3], "test", b"secret", lambda frame, peer: None, lambda peer: None)
+        links = {index: _linked(bus, index) for index in (1, 2, 3)}
+        bus.send_stream_to([1, 2], broken())
+        bus.broadcast_raw(b"all")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return links
+
+    links = asyncio.run(scenario())
+    assert links[1].aborted and links[2].aborted
+    assert not links[3].aborted and links[3].writes == [b"all"]
+
+
 def test_a_peer_that_does_not_read_holds_at_most_high_water_in_the_socket_and_loses_nothing() -> None:
     """Over a real Unix socket: 40 MB broadcast to a peer that reads nothing yet; the transport holds
     about HIGH_WATER (the rest waits as the bytes handed over, shared with every other peer), and once

@@ -19,7 +19,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,9 @@ class _Wire:
     def stream_to_worker(self, worker: int, frames: Iterator[b.BusFrame]) -> None:
         if worker in self.bus.peers:
             self.bus.send_stream(worker, map(b.encode, frames))
+
+    def stream_to_workers(self, workers: Iterable[int], frames: Iterator[b.BusFrame]) -> None:
+        self.bus.send_stream_to(workers, map(b.encode, frames))
 
     def drop_peer(self, member: int, reason: str) -> None:
         self.links.drop(member, reason)
