@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -79,13 +80,45 @@ def _snapshot_current(cluster: LocalCluster, index: int, tag: str) -> None:
         time.sleep(0.2)
 
 
+def _agent_apart_where_autogroup(cluster: LocalCluster, index: int, agent: int) -> None:
+    """With the kernel's autogroup on (this machine, CI's), the agent has a session, and a group, of its own."""
+    from migratory.server.node.priority import AUTOGROUP_SWITCH
+
+    if os.geteuid() != 0 or AUTOGROUP_SWITCH.read_text().strip() != "1":
+        return  # nothing to check here: the agent stays in the node's session
+    proc = cluster[index].proc
+    assert proc is not None
+    assert os.getsid(agent) == agent != os.getsid(proc.pid)
+    nice = os.getpriority(os.PRIO_PROCESS, agent)
+    assert nice < 0 and Path(f"/proc/{agent}/autogroup").read_text().rstrip().endswith(f" nice {nice}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _all_gone(pids: Iterable[int]) -> None:
+    """A member's SIGKILL reaches each of its processes, the agent in its own session too."""
+    deadline = time.monotonic() + 10
+    for pid in pids:
+        while _alive(pid):
+            assert time.monotonic() < deadline, f"process {pid} outlived its member's SIGKILL"
+            time.sleep(0.05)
+
+
 @pytest.mark.parametrize("mode", ["Guaranteed", "Standard"])
 def test_a_member_killed_after_traffic_restarts_linked_to_its_own_workers(tmp_path: Path, mode: str) -> None:
     guaranteed = mode == "Guaranteed"
     with LocalCluster(tmp_path, 3, mode=mode, workers=2) as cluster:
         cluster.start_all()
         run(_traffic(cluster[0].ws_url, 60, guaranteed, "a"))
+        processes = cluster.processes(1)
+        _agent_apart_where_autogroup(cluster, 1, processes["migratory-agent"])
         cluster.kill(1)
+        _all_gone(processes.values())
         run(_traffic(cluster[0].ws_url, 5, guaranteed, "b"))
         cluster.start(1)
         cluster.wait_ready([1], 30)

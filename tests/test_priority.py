@@ -12,6 +12,7 @@ import resource
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,46 @@ def test_never_asks_for_more_than_the_kernel_range(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(os, "getpriority", lambda which, who: -20)
     assert priority.precede("member agent") == -20
     assert asked == [-20]  # already at the top: nothing asked
+
+
+GROUP_PROBE = (
+    "import logging, os, sys\n"
+    "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
+    "from migratory.server.node.priority import own_group, precede\n"
+    "parent = os.getsid(0)\n"
+    "nice = precede('member agent')\n"
+    "print('result', own_group('member agent', nice), os.getsid(0) != parent, os.getpid() == os.getsid(0))\n"
+    "print('group', open('/proc/self/autogroup').read().strip())\n"
+)
+
+
+@as_root
+def test_where_the_kernel_groups_by_session_the_agent_has_a_group_of_its_own() -> None:
+    """Autogroup (on here and in CI): nice values weigh only inside a session's group, so the agent's
+    precedence needs a session, and a group at its nice value, of its own."""
+    if priority.AUTOGROUP_SWITCH.read_text().strip() != "1":
+        pytest.skip("the kernel's autogroup is off: the agent keeps the node's session")
+    done = subprocess.run(
+        [sys.executable, "-c", GROUP_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    wanted = max(-20, os.getpriority(os.PRIO_PROCESS, 0) - 20)
+    assert "result True True True" in lines, lines
+    assert any(line.startswith("group /autogroup-") and line.endswith(f" nice {wanted}") for line in lines), lines
+    assert any("scheduling group of its own" in line for line in lines), lines
+
+
+def test_without_autogroup_nothing_changes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    switch = tmp_path / "sched_autogroup_enabled"
+    switch.write_text("0\n")
+    monkeypatch.setattr(priority, "AUTOGROUP_SWITCH", switch)
+    monkeypatch.setattr(os, "setsid", lambda: pytest.fail("setsid without autogroup"))
+    assert priority.own_group("member agent", -20) is False
+    monkeypatch.setattr(priority, "AUTOGROUP_SWITCH", tmp_path / "absent")
+    assert priority.own_group("member agent", -20) is False

@@ -99,6 +99,12 @@ class MemberProcess:
         return self.proc is not None and self.proc.poll() is None
 
 
+def _group_of(pid: int) -> int | None:
+    with contextlib.suppress(OSError):
+        return os.getpgid(pid)
+    return None
+
+
 def _end_with_harness() -> None:
     """In the member's process before exec: SIGTERM when the harness dies, even by SIGKILL (its own session
     would otherwise outlive it, and a later run on the same addresses would meet it)."""
@@ -204,11 +210,17 @@ class LocalCluster:
         self.wait_ready(chosen, ready_timeout)
 
     def signal(self, index: int, sig: int) -> None:
-        """Send ``sig`` to every process of the member (supervisor, agent, workers)."""
+        """Send ``sig`` to every process of the member (supervisor, agent, workers). The agent may have a
+        session of its own (priority.own_group), outside the member's process group: it is signalled by
+        pid, found before the group is signalled (a supervisor killed first leaves it to init)."""
         member = self.members[index]
         if member.proc is not None:
+            apart = [pid for pid in self.processes(index).values() if _group_of(pid) not in (None, member.proc.pid)]
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(member.proc.pid, sig)
+            for pid in apart:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
 
     def processes(self, index: int) -> dict[str, int]:
         """The member's children by name: ``migratory-agent``, ``migratory-w0``, ..."""

@@ -11,6 +11,14 @@ are saturated: an idle agent takes nothing from anyone. Ten levels (nine workers
 the links while a million clients subscribed, but not while they all disconnected at once,
 with about 110 processes runnable (bench/million.md).
 
+On a kernel that groups processes by session for the scheduler (``autogroup``: on when the process
+is in the root CPU cgroup, as outside systemd), nice values weigh only inside their session's group,
+and the groups share the cores evenly: a node started from a shell, or by `migratory bench`, beside a
+session of load generators got half the cores for all its processes, and its agent a third of a core
+when it needed a whole one (0.9 s of work took 2.5 s, and the peers dropped its links; bench/million.md).
+So the agent also leaves the node's session for one of its own and gives that group its nice value
+(:func:`own_group`). Under systemd each service has its own cgroup and this changes nothing.
+
 Lowering a nice value needs CAP_SYS_NICE or an RLIMIT_NICE that allows it (systemd:
 ``LimitNICE=``; the package's unit sets it). Without either the agent runs at the
 workers' priority and says so once.
@@ -20,8 +28,9 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
-__all__ = ["AGENT_PRECEDENCE", "precede"]
+__all__ = ["AGENT_PRECEDENCE", "own_group", "precede"]
 
 log = logging.getLogger("migratory.server")
 
@@ -48,3 +57,25 @@ def precede(name: str, levels: int = AGENT_PRECEDENCE) -> int | None:
         return None
     log.info("%s runs at nice %d, %d levels ahead of the workers", name, wanted, current - wanted)
     return wanted
+
+
+AUTOGROUP_SWITCH = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+def own_group(name: str, nice: int) -> bool:
+    """Where the kernel groups by session, put this process in a session (and so a group) of its own
+    weighing ``nice``; True when done. Its process group changes with it: whoever signals the node's
+    process group signals this process apart (migratory/bench/cluster.py does)."""
+    try:
+        if AUTOGROUP_SWITCH.read_text().strip() != "1":
+            return False
+    except OSError:
+        return False
+    try:
+        os.setsid()
+        Path("/proc/self/autogroup").write_text(f"{nice}\n")
+    except OSError as exc:
+        log.info("%s shares the node's scheduling group: %s", name, exc.strerror or exc)
+        return False
+    log.info("%s has a scheduling group of its own at nice %d (the kernel's autogroup is on)", name, nice)
+    return True

@@ -359,7 +359,9 @@ def _agent_main(config: Config, **kwargs: object) -> None:
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: the member agent has nothing to reload")
         pauses.watch(loop, "member agent")
-        priority.precede("member agent")
+        nice = priority.precede("member agent")
+        if nice is not None and nice < 0:
+            priority.own_group("member agent", nice)
         await serve_agent(config, stop, **kwargs)  # type: ignore[arg-type]
 
     _run_loop(main)
