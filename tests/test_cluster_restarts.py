@@ -84,7 +84,7 @@ def _agent_apart_where_autogroup(cluster: LocalCluster, index: int, agent: int) 
     """With the kernel's autogroup on (this machine, CI's), the agent has a session, and a group, of its own."""
     from migratory.server.node.priority import AUTOGROUP_SWITCH
 
-    if os.geteuid() != 0 or AUTOGROUP_SWITCH.read_text().strip() != "1":
+    if os.geteuid() != 0 or not AUTOGROUP_SWITCH.exists() or AUTOGROUP_SWITCH.read_text().strip() != "1":
         return  # nothing to check here: the agent stays in the node's session
     proc = cluster[index].proc
     assert proc is not None
@@ -93,11 +93,24 @@ def _agent_apart_where_autogroup(cluster: LocalCluster, index: int, agent: int) 
     assert nice < 0 and Path(f"/proc/{agent}/autogroup").read_text().rstrip().endswith(f" nice {nice}")
 
 
-def _alive(pid: int) -> bool:
+def _state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` ("T" stopped, "Z" a zombie), "" when it is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
+        return ""
+
+
+def _stopped(pid: int) -> str:
+    """``pid``'s state once SIGSTOP took it ("T"), or whatever it is after 5 s."""
+    deadline = time.monotonic() + 5
+    while (state := _state(pid)) != "T" and time.monotonic() < deadline:
+        time.sleep(0.02)  # a signal is delivered when the process next runs
+    return state
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in ("", "Z")
 
 
 def _all_gone(pids: Iterable[int]) -> None:
@@ -117,6 +130,11 @@ def test_a_member_killed_after_traffic_restarts_linked_to_its_own_workers(tmp_pa
         run(_traffic(cluster[0].ws_url, 60, guaranteed, "a"))
         processes = cluster.processes(1)
         _agent_apart_where_autogroup(cluster, 1, processes["migratory-agent"])
+        cluster.signal(1, signal.SIGSTOP)  # the bench's stop-member: every process, the agent in its session too
+        try:
+            assert {pid: _stopped(pid) for pid in processes.values()} == dict.fromkeys(processes.values(), "T")
+        finally:
+            cluster.signal(1, signal.SIGCONT)
         cluster.kill(1)
         _all_gone(processes.values())
         run(_traffic(cluster[0].ws_url, 5, guaranteed, "b"))

@@ -212,15 +212,24 @@ class LocalCluster:
     def signal(self, index: int, sig: int) -> None:
         """Send ``sig`` to every process of the member (supervisor, agent, workers). The agent may have a
         session of its own (priority.own_group), outside the member's process group: it is signalled by
-        pid, found before the group is signalled (a supervisor killed first leaves it to init)."""
+        pid, found before the group is signalled (a supervisor killed first leaves it to init) and again
+        after (an agent started meanwhile may have left the group since)."""
         member = self.members[index]
-        if member.proc is not None:
-            apart = [pid for pid in self.processes(index).values() if _group_of(pid) not in (None, member.proc.pid)]
+        if member.proc is None:
+            return
+        group = member.proc.pid
+        apart = self._apart(index)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, sig)
+        for pid in apart | self._apart(index):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(member.proc.pid, sig)
-            for pid in apart:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
+                os.kill(pid, sig)
+
+    def _apart(self, index: int) -> set[int]:
+        """The member's children outside its process group."""
+        proc = self.members[index].proc
+        group = proc.pid if proc is not None else -1
+        return {pid for pid in self.processes(index).values() if _group_of(pid) not in (None, group)}
 
     def processes(self, index: int) -> dict[str, int]:
         """The member's children by name: ``migratory-agent``, ``migratory-w0``, ..."""

@@ -94,7 +94,7 @@ class _Shared:
         self._chunks: list[bytes] = []  # rendered, not yet passed by every reader
         self._base = 0  # the stream index of _chunks[0]
         self._readers: weakref.WeakSet[_Reader] = weakref.WeakSet()  # a link dropped drops its reader
-        self._error: Exception | None = None
+        self._error = ""  # what failed the rendering, for every reader that reaches it
         self._trim_at = 256
 
     def reader(self) -> _Reader:
@@ -109,14 +109,15 @@ class _Shared:
         offset = index - self._base
         if offset < len(self._chunks):
             return self._chunks[offset]
-        if self._error is not None:
-            raise self._error
+        if self._error:
+            # a new exception each time: the first one's traceback holds frames (and readers) alive
+            raise RuntimeError(f"the shared stream failed earlier: {self._error}")
         if self._source is None:
             return None
         try:
             part = next(self._source, None)
         except Exception as exc:
-            self._error, self._source = exc, None
+            self._error, self._source = f"{type(exc).__name__}: {exc}", None
             raise
         if part is None:
             self._source = None

@@ -62,9 +62,10 @@ def _run_queue_wait() -> float | None:
     """Seconds this thread has spent runnable but not running (the kernel's schedstat; None if it has none)."""
     try:
         with open("/proc/thread-self/schedstat", "rb") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
+            ran, waited = (int(field) for field in f.read().split()[:2])
+    except (OSError, ValueError):
         return None
+    return waited / 1e9 if ran else None  # a running thread with no time on the CPU: the kernel keeps none
 
 
 def _account(late: float, busy: float, before: float | None, after: float | None) -> str:
@@ -77,6 +78,6 @@ def _account(late: float, busy: float, before: float | None, after: float | None
         cause = "a long task" if busy >= late / 4 else "waiting for a core, or blocked"
         return f"{busy:.1f} s of it on the CPU ({cause})"
     waited = max(0.0, after - before)
-    blocked = late - busy - waited
+    blocked = late + CHECK_EVERY - busy - waited  # both counts cover the whole interval since the last check
     cause = "a long task" if busy >= late / 4 else "waiting for a core" if waited >= blocked else "blocked"
     return f"{busy:.1f} s of it on the CPU, {waited:.1f} s waiting for a core ({cause})"

@@ -17,7 +17,8 @@ and the groups share the cores evenly: a node started from a shell, or by `migra
 session of load generators got half the cores for all its processes, and its agent a third of a core
 when it needed a whole one (0.9 s of work took 2.5 s, and the peers dropped its links; bench/million.md).
 So the agent also leaves the node's session for one of its own and gives that group its nice value
-(:func:`own_group`). Under systemd each service has its own cgroup and this changes nothing.
+(:func:`own_group`). A process in a CPU cgroup of its own (a systemd service with CPU accounting, a
+container) is not grouped by session, and the agent then stays in the node's session.
 
 Lowering a nice value needs CAP_SYS_NICE or an RLIMIT_NICE that allows it (systemd:
 ``LimitNICE=``; the package's unit sets it). Without either the agent runs at the
@@ -26,8 +27,10 @@ workers' priority and says so once.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import time
 from pathlib import Path
 
 __all__ = ["AGENT_PRECEDENCE", "own_group", "precede"]
@@ -60,22 +63,58 @@ def precede(name: str, levels: int = AGENT_PRECEDENCE) -> int | None:
 
 
 AUTOGROUP_SWITCH = Path("/proc/sys/kernel/sched_autogroup_enabled")
+AUTOGROUP_TRIES = 5  # the kernel takes one autogroup nice change per 100 ms from a process without CAP_SYS_ADMIN
+
+
+def _autogroup_applies() -> bool:
+    """Whether the kernel schedules this process by session group: autogroup on, and the process in the
+    root CPU cgroup (a CPU cgroup of its own, as systemd's services and containers have, bypasses it)."""
+    try:
+        if AUTOGROUP_SWITCH.read_text().strip() != "1":
+            return False
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):  # cgroup v1
+            return path == "/"
+    for line in lines:
+        if line.startswith("0::"):  # cgroup v2: a CPU group below the root needs the root to hand it on
+            if line[3:] == "/":
+                return True
+            try:
+                return "cpu" not in Path("/sys/fs/cgroup/cgroup.subtree_control").read_text().split()
+            except OSError:
+                return True
+    return True
 
 
 def own_group(name: str, nice: int) -> bool:
     """Where the kernel groups by session, put this process in a session (and so a group) of its own
     weighing ``nice``; True when done. Its process group changes with it: whoever signals the node's
-    process group signals this process apart (migratory/bench/cluster.py does)."""
-    try:
-        if AUTOGROUP_SWITCH.read_text().strip() != "1":
-            return False
-    except OSError:
+    process group signals this process apart (migratory/bench/cluster.py does; the supervisor signals
+    its children by pid, and the agent ends when the supervisor dies)."""
+    if not _autogroup_applies():
         return False
     try:
         os.setsid()
-        Path("/proc/self/autogroup").write_text(f"{nice}\n")
     except OSError as exc:
         log.info("%s shares the node's scheduling group: %s", name, exc.strerror or exc)
         return False
+    for attempt in range(AUTOGROUP_TRIES):
+        try:
+            Path("/proc/self/autogroup").write_text(f"{nice}\n")
+            break
+        except OSError as exc:
+            if exc.errno == errno.EAGAIN and attempt + 1 < AUTOGROUP_TRIES:
+                time.sleep(0.15)  # another process changed a group's nice in the last 100 ms
+                continue
+            log.warning(
+                "%s has a session of its own, but its scheduling group stays at nice 0: %s",
+                name,
+                exc.strerror or exc,
+            )
+            return False
     log.info("%s has a scheduling group of its own at nice %d (the kernel's autogroup is on)", name, nice)
     return True
