@@ -40,9 +40,9 @@ def _without_cap_sys_nice() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
-def _probe(preexec: Callable[[], None] | None) -> list[str]:
+def _probe(preexec: Callable[[], None] | None, code: str = PROBE) -> list[str]:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE],
+        [sys.executable, "-c", code],
         preexec_fn=preexec,
         capture_output=True,
         text=True,
@@ -101,16 +101,7 @@ def test_where_the_kernel_groups_by_session_the_agent_has_a_group_of_its_own() -
     precedence needs a session, and a group at its nice value, of its own."""
     if not priority._autogroup_applies():
         pytest.skip("the kernel's autogroup is off, or this process has a CPU cgroup: the agent keeps its session")
-    done = subprocess.run(
-        [sys.executable, "-c", GROUP_PROBE],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        check=True,
-    )
-    lines = done.stdout.splitlines()
+    lines = _probe(None, GROUP_PROBE)
     wanted = max(-20, os.getpriority(os.PRIO_PROCESS, 0) - 20)
     assert "result True True True" in lines, lines
     assert any(line.startswith("group /autogroup-") and line.endswith(f" nice {wanted}") for line in lines), lines
