@@ -62,6 +62,11 @@ def test_fifty_thousand_clients_fail_over_and_recover_everything(tmp_path: Path)
     assert (failover["gaps"], failover["duplicates"], failover["resyncs"]) == (0, 0, 0), failover["examples"]
     assert report["delivered"] >= report["expected_deliveries"] > 0
     assert failover["restart_seconds"] is not None  # member 1 came back and rejoined under the load
-    assert set(failover["latency_ms_by_phase"]) == {"before", "storm", "after", "rejoin"}
+    assert failover["storm_seconds"] is not None  # every displaced client was back and recovered, in time
+    # the phase "after" (the storm over, member 1 not yet restarted) exists only when the storm ended within
+    # the 12 s before the restart: on a loaded or slower machine (half this one's speed: bench/results/
+    # calibration/) it does not, and member 1 rejoins while the last clients come back, which is harsher
+    phases = set(failover["latency_ms_by_phase"])
+    assert {"before", "storm", "rejoin"} <= phases <= {"before", "storm", "after", "rejoin"}, phases
     assert failover["latency_ms_by_phase"]["rejoin"]["count"] > 0
     assert done.returncode == 0, report["errors"]
