@@ -48,8 +48,9 @@ lint: $(DEV_STAMP)
 deps:
 	bash .ci/deps.sh
 
+# The packaging tests run beside the rest, in a pytest of their own (tools/test_beside.sh).
 unit: $(DEV_STAMP) deps $(JAR)
-	$(BIN)/pytest -q
+	bash tools/test_beside.sh $(BIN)/pytest
 
 # Everything: lint, then every test (cluster, Spark, packages, repositories, the VM image); see README.md.
 test: lint unit
