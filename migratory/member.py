@@ -368,7 +368,11 @@ class Member:
         self.wire.to_worker(worker, self.info())
 
     def _state_to_worker(self, worker: int) -> None:
-        self.wire.stream_to_worker(worker, self._state_frames(private_first(self.replica.subjects())))
+        self.wire.stream_to_worker(worker, self._whole_state())
+
+    def _whole_state(self) -> Iterator[BusFrame]:
+        """Every subject's state, the private ones first (the MQTT session records say what the rest is to cache)."""
+        return self._state_frames(private_first(self.replica.subjects()))
 
     def _state_frames(self, subjects: Iterable[str]) -> Iterator[BusFrame]:
         """The state of ``subjects`` as it is when each is read (each under its group's epoch): a starting
@@ -766,7 +770,7 @@ class Member:
     def _become_ready(self, now: float) -> None:
         self.ready = True
         # one stream for every worker, rendered once as the first of them reads it
-        self.wire.stream_to_workers(sorted(self.workers), self._state_frames(private_first(self.replica.subjects())))
+        self.wire.stream_to_workers(sorted(self.workers), self._whole_state())
         self.wire.to_workers(self.info())
         held, self._held = self._held, []
         for member, frame in held:
