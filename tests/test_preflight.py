@@ -413,4 +413,36 @@ def test_make_tiers(tmp_path: Path) -> None:
     assert '-m "not slow and not packaging and not image and not spark"' in check
     assert "--ignore=tests/test_packaging.py" in check and "--ignore=tests/test_spark.py" in check
     test = recipe("test")
-    assert "bash .ci/deps.sh" in test and "pytest -q\n" in test  # everything, the README's one command
+    assert "bash .ci/deps.sh" in test  # everything, the README's one command
+    assert f"bash tools/test_beside.sh {tmp_path / 'venv'}/bin/pytest\n" in test
+
+
+@pytest.mark.parametrize(
+    ("rest", "packaging", "status"),
+    [(0, 0, 0), (1, 0, 1), (0, 1, 1), (5, 0, 5), (0, 5, 5), (2, 1, 2)],
+)
+def test_make_test_runs_every_test_once_and_fails_if_either_half_fails(
+    tmp_path: Path, rest: int, packaging: int, status: int
+) -> None:
+    """tools/test_beside.sh: the packaging tests in one pytest, everything else in another (together the
+    whole suite, nothing twice); the first failing run's status is the script's (5: a half that collected
+    nothing), and the packaging run's report is printed."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "pytest"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        'case "$*" in *--ignore=tests/test_packaging.py*) exit "$REST" ;; esac\n'
+        'echo "the packaging report"\n'
+        'exit "$PACKAGING"\n'
+    )
+    fake.chmod(0o755)
+    env = dict(os.environ, REST=str(rest), PACKAGING=str(packaging), TMPDIR=str(tmp_path))
+    done = subprocess.run(
+        ["bash", str(ROOT / "tools" / "test_beside.sh"), str(fake), "-x"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == status, done.stdout + done.stderr
+    runs = sorted(calls.read_text().splitlines())
+    assert runs == ["-q -p no:cacheprovider -x tests/test_packaging.py", "-q -x --ignore=tests/test_packaging.py"], runs
+    assert "the packaging report" in done.stdout and f"exit {packaging})" in done.stdout
+    assert not list(tmp_path.glob("packaging-tests.*"))  # its log is printed, then removed
