@@ -24,10 +24,16 @@ pytestmark = pytest.mark.skipif(NODE is None, reason="Node.js is not installed")
 
 
 def node(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Node.js in clients/js; one that outlives ``timeout`` fails the test with the end of what it printed
+    (which subtest it was in), not only the command line."""
     assert NODE is not None
-    return subprocess.run(
-        [NODE, "--experimental-websocket", *args], cwd=JS, capture_output=True, text=True, timeout=timeout, env=env
-    )
+    try:
+        return subprocess.run(
+            [NODE, "--experimental-websocket", *args], cwd=JS, capture_output=True, text=True, timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired as late:
+        printed = late.stdout.decode(errors="replace") if isinstance(late.stdout, bytes) else late.stdout or ""
+        pytest.fail(f"node {' '.join(args)} still running after {timeout} s; it printed:\n{printed[-4000:]}")
 
 
 def test_node_test_runner_codec_and_live(server_factory: Callable[..., ServerProcess]) -> None:
