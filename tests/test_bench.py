@@ -408,3 +408,61 @@ def test_an_unknown_tls_client_is_refused_in_one_line() -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
     assert done.returncode == 2, done.stdout + done.stderr
     assert "expected lean or openssl" in done.stdout + done.stderr and "Traceback" not in done.stdout + done.stderr
+
+
+def test_a_frame_no_client_can_decode_once_subscribed_fails_the_run() -> None:
+    """Both load generators count a subscribed client that received what it could not decode, close it,
+    and the run reports it as an error: before, the count was kept and never sent, and a server writing
+    corrupt frames passed as one whose clients were merely slow (or, roaming, merely reconnected)."""
+    import asyncio
+    import multiprocessing
+
+    from migratory.bench import loader, roaming
+    from migratory.bench.runner import Report, _collect_closed
+    from migratory.bench.wire import MigratoryCodec
+
+    class Transport:
+        aborted = False
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    # a message whose subject's length runs past the frame: what no client of the protocol can decode
+    garbage = build_frame(OP_BINARY, bytes((p.Op.MESSAGE, 0xFF, 0xFF, 0xFF)))
+
+    async def feed() -> tuple[loader._State, RoamState, list[Transport]]:
+        state = loader._State()
+        codec = MigratoryCodec()
+        codec.ready = True
+        client = loader._Client(state, codec, 1)
+        roam_state = RoamState()
+        roaming_codec = RoamingCodec(roam_state, {})
+        roaming_codec.ready = True
+        roamer = roaming.Roamer(roaming_codec, 1)
+        transports = [Transport(), Transport()]
+        client.transport, roamer.transport = transports  # type: ignore[assignment]
+        client.ready.set_result(None)
+        roamer.ready.set_result(None)
+        client.data_received(garbage)
+        roamer.data_received(garbage)
+        return state, roam_state, transports
+
+    state, roam_state, transports = asyncio.run(feed())
+    assert all(t.aborted for t in transports)
+    assert state.malformed.count == 1 and roam_state.malformed.count == 1
+    assert state.malformed.examples[0] == roam_state.malformed.examples[0]
+
+    report = Report("migratory", 10, 2, 1, 64, 0)
+    ours, theirs = multiprocessing.Pipe()
+    theirs.send(("closed", 0, 0, roam_state.malformed.as_tuple()))
+
+    class Process:
+        def join(self, timeout: float) -> None:
+            pass
+
+        def is_alive(self) -> bool:
+            return False
+
+    _collect_closed([(Process(), ours)], [0], [0.0], [{}], report)
+    assert len(report.errors) == 1
+    assert report.errors[0].startswith("load generator 0: 1 clients received what they could not decode")

@@ -2,7 +2,9 @@
 
 The parent sends commands over a pipe ("stop") and receives progress:
 ``("connected", ok, errors, seconds, {reason: count})`` once every client is subscribed, then
-``("stats", delivered, histogram, max_ns, sum_ns, cpu_seconds)`` a few times per second.
+``("stats", delivered, histogram, max_ns, sum_ns, cpu_seconds)`` a few times per second, and after
+"stop" ``("closed", open, hung, (malformed, examples))``: the clients still open, those that did not end
+when cancelled, and those that received what they could not decode once subscribed.
 """
 
 from __future__ import annotations
@@ -109,6 +111,23 @@ async def open_client(
     return transport, protocol
 
 
+class Malformed:
+    """Clients that received what they could not decode once subscribed: each closes, and the run reports
+    them (a frame the server got wrong must fail the run, not pass as a slow client)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.examples: list[str] = []
+
+    def add(self, exc: Exception) -> None:
+        self.count += 1
+        if len(self.examples) < 3:
+            self.examples.append(f"{type(exc).__name__}: {exc}"[:120])
+
+    def as_tuple(self) -> tuple[int, list[str]]:
+        return self.count, list(self.examples)
+
+
 class _State:
     def __init__(self) -> None:
         self.delivered = 0
@@ -118,6 +137,7 @@ class _State:
         self.reasons: dict[str, int] = {}  # why clients failed to connect, and how many
         self.ready = 0
         self.errors = 0
+        self.malformed = Malformed()
         self.refused = 0  # upgrades answered 503 (a member not ready for a moment), retried as a client would
 
 
@@ -146,7 +166,9 @@ class _Client(asyncio.Protocol):
                         future.set_exception(ConnectionError(str(exc)))
                         future.exception()  # counted once, by _connect
             else:
-                self.state.errors += 1
+                self.state.malformed.add(exc)
+                if self.transport is not None:
+                    self.transport.abort()
             return
         if answer and self.transport is not None:
             self.transport.write(answer)
@@ -286,7 +308,7 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
     stats()
     for transport in transports:
         transport.abort()
-    pipe.send(("closed", len(transports)))
+    pipe.send(("closed", len(transports), 0, state.malformed.as_tuple()))
 
 
 def loader_main(spec: LoaderSpec, pipe: Connection) -> None:

@@ -29,7 +29,15 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from migratory import protocol as p
-from migratory.bench.loader import BUCKETS, REFUSED_RETRIES, LoaderSpec, bucket_of, connect_from, open_client
+from migratory.bench.loader import (
+    BUCKETS,
+    REFUSED_RETRIES,
+    LoaderSpec,
+    Malformed,
+    bucket_of,
+    connect_from,
+    open_client,
+)
 from migratory.bench.wire import MigratoryCodec, _mask
 
 __all__ = ["RoamingCodec", "roamer_main"]
@@ -78,7 +86,7 @@ class RoamState:
         self.awaiting: set[int] = set()  # displaced clients whose recovery has not ended yet
         self.reconnect_failures = 0
         self.refused = 0  # first connections answered 503 (a member not ready for a moment) and tried again
-        self.errors = 0
+        self.malformed = Malformed()
         self.reasons: dict[str, int] = {}
         self.phase = "before"
         self.fault_ns = 0  # when the SIGKILL was sent, from the parent
@@ -224,9 +232,10 @@ class Roamer(asyncio.Protocol):
         try:
             live, answer = codec.deliveries(data)
         except (ConnectionError, ValueError, p.DecodeError) as exc:
-            state.errors += 1
-            if not self.ready.done():
+            if not self.ready.done():  # counted once, by the client's connecting loop
                 self.ready.set_exception(ConnectionError(str(exc)))
+            else:
+                state.malformed.add(exc)
             if self.transport is not None:
                 self.transport.abort()
             return
@@ -307,7 +316,6 @@ async def _client(
             if not first.done():
                 reason = f"{type(exc).__name__}: {exc}"[:100]
                 state.reasons[reason] = state.reasons.get(reason, 0) + 1
-                state.errors += 1
                 first.set_result(False)
                 return
             state.reconnect_failures += 1
@@ -394,7 +402,7 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
     _, hung = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT)
     for transport in list(transports):  # any a late client added meanwhile
         transport.abort()
-    pipe.send(("closed", len(transports), len(hung)))
+    pipe.send(("closed", len(transports), len(hung), state.malformed.as_tuple()))
 
 
 def roamer_main(spec: LoaderSpec, pipe: Connection) -> None:

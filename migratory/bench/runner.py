@@ -253,8 +253,14 @@ def _collect_closed(
                 continue
             if message[0] == "closed":
                 open_pipes.remove(pipe)
-                if len(message) > 2 and message[2]:
+                if message[2]:
                     report.errors.append(f"load generator {i}: {message[2]} clients did not end when cancelled")
+                malformed, examples = message[3]
+                if malformed:
+                    report.errors.append(
+                        f"load generator {i}: {malformed} clients received what they could not decode once "
+                        f"subscribed: {'; '.join(examples)}"
+                    )
             elif message[0] == "roam":  # the last counts, after the drain
                 delivered[i], _, loader_cpu[i], roams[i] = message[1:5]
     for pipe in open_pipes:
