@@ -17,6 +17,7 @@ in a :class:`Table`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,6 +34,7 @@ def group_of(subject: str) -> int:
     return zlib.crc32(subject.encode("utf-8")) % GROUPS
 
 
+@functools.cache  # GROUPS x members entries; a Standard agent asks for all of them at every tick
 def _weight(group: int, member: int) -> int:
     digest = hashlib.blake2b(f"{group}/{member}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
