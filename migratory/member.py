@@ -72,6 +72,9 @@ class Wire(Protocol):
 
     def to_peer(self, member: int, frame: BusFrame) -> None: ...
 
+    def stream_to_peer(self, member: int, frames: Iterator[BusFrame]) -> None:
+        """Send frames encoded only as the link has room for them; what is sent to ``member`` after follows them."""
+
     def to_workers(self, frame: BusFrame) -> None: ...
 
     def to_worker(self, worker: int, frame: BusFrame) -> None: ...
@@ -272,9 +275,10 @@ class Member:
         wanted = set(groups)
         return [s for s in self.replica.subjects() if group_of(s) in wanted]
 
-    def _send_state(self, send: Callable[[BusFrame], None], subjects: Iterable[str]) -> None:
-        for frame in self._state_frames(subjects):
-            send(frame)
+    def _send_state(self, member: int, subjects: Iterable[str]) -> None:
+        """The state of ``subjects`` as it is now (taken in this turn: the frames after it depend on it),
+        encoded and written as the peer reads it: a full cache is seconds of encoding and hundreds of MB."""
+        self.wire.stream_to_peer(member, iter(list(self._state_frames(subjects))))
 
     # --- links ------------------------------------------------------------------------
 
@@ -328,7 +332,7 @@ class Member:
         fence = tuple((g, self.epochs[g]) for g in groups)
         self.wire.to_peer(member, SyncRequest(self._request(), fence, reply=False))
         subjects = self._subjects_of(groups)
-        self._send_state(lambda f: self.wire.to_peer(member, f), subjects)
+        self._send_state(member, subjects)
         if self.s.guaranteed:
             for subject in subjects:
                 unacked = self._unacked.get(subject)
@@ -586,7 +590,7 @@ class Member:
             self._expose_group(group)
         self.counters["syncs_served"] += 1
         subjects = self.replica.subjects() if request.everything else self._subjects_of(g for g, _ in request.fence)
-        self._send_state(lambda f: self.wire.to_peer(member, f), subjects)
+        self._send_state(member, subjects)
         epochs = tuple((g, self.epochs[g]) for g, _ in request.fence)
         self.wire.to_peer(member, SyncDone(request.request, epochs))
 

@@ -86,3 +86,94 @@ def test_a_peers_burst_is_handed_on_in_turns_in_order_and_reading_resumes() -> N
     runs.append(run)
     assert max(runs) <= links.FRAMES_PER_TURN, runs
     assert sum(1 for r in runs if r) >= count // links.FRAMES_PER_TURN
+
+
+def _link_on_socket(loop: asyncio.AbstractEventLoop) -> tuple[links._Link, Any]:
+    """A link, authenticated, over one end of a socket pair; the MemberLinks around it only flushes."""
+    import socket
+
+    member_links = links.MemberLinks.__new__(links.MemberLinks)
+    member_links._dirty, member_links._armed, member_links._closed = [], False, True
+    ours, theirs = socket.socketpair()
+    link = links._Link(member_links, expected=1)
+    link.up, link.peer = True, 1
+    member_links.links = {1: link}
+    return link, (ours, theirs)
+
+
+def test_a_whole_state_is_encoded_as_the_peer_reads_it_and_what_follows_comes_after() -> None:
+    """A Guaranteed member's full cache sent to a rejoining peer was encoded in one turn and written at
+    once: seconds of CPU past the peers' heartbeat timeout, and a state larger than MAX_BACKLOG dropped
+    the very link it was sent on, at every rejoin. Here 8 MB of state over a link whose MAX_BACKLOG is
+    2 MB: the link holds, at most about HIGH_WATER unread at any time, frames encoded only as it empties,
+    and a frame sent after the stream arrives after all of it."""
+
+    async def main() -> tuple[list[b.BusFrame], int, int, bool]:
+        loop = asyncio.get_running_loop()
+        link, (ours, theirs) = _link_on_socket(loop)
+        await loop.create_connection(lambda: link, sock=ours)
+        assert link.transport is not None
+        transport = link.transport
+        encoded = [0]
+        content = bytes(20_000)
+
+        def state() -> Any:
+            for i in range(400):
+                encoded[0] += 1
+                yield b.Published(f"/s/{i}", content, {}, i + 1, 1, False, True, "")
+
+        link.links.send_stream(1, state())
+        link.links.send(1, b.Interest("/after", 1))
+        await asyncio.sleep(0)
+        first_turn = encoded[0]
+        reader, _ = await asyncio.open_connection(sock=theirs)
+        decoder = b.BusDecoder()
+        frames: list[b.BusFrame] = []
+        most = 0
+        while len(frames) < 401:
+            most = max(most, transport.get_write_buffer_size())
+            data = await asyncio.wait_for(reader.read(65536), 10)
+            assert data, "the link was closed"
+            frames.extend(decoder.feed(data))
+        return frames, first_turn, most, transport.is_closing()
+
+    with _max_backlog(2 << 20):
+        frames, first_turn, most, closing = asyncio.run(main())
+    assert not closing
+    assert first_turn < 100  # encoded as the link empties, not all at once
+    assert most <= links.HIGH_WATER + 64 * 1024
+    assert [f.subject for f in frames] == [f"/s/{i}" for i in range(400)] + ["/after"]  # type: ignore[union-attr]
+
+
+def test_a_peer_that_stops_reading_is_still_dropped_past_max_backlog_behind_a_state() -> None:
+    """The stream waits for room, and the frames sent after it wait behind it: those count, and a peer
+    that never reads is dropped once they pass MAX_BACKLOG, as before (a hung member cannot grow our memory)."""
+
+    async def main() -> bool:
+        loop = asyncio.get_running_loop()
+        link, (ours, theirs) = _link_on_socket(loop)
+        await loop.create_connection(lambda: link, sock=ours)
+        transport = link.transport
+        assert transport is not None
+        link.queue(b.encode(b.Interest(f"/s/{i}", 1)) for i in range(10**9))  # never ends: the peer never reads
+        for i in range(400):
+            link.queue(b.encode(b.Published(f"/live/{i}", bytes(10_000), {}, i + 1, 1, False, True, "")))
+            await asyncio.sleep(0)
+            if transport.is_closing():
+                break
+        theirs.close()
+        return transport.is_closing()
+
+    with _max_backlog(2 << 20):
+        assert asyncio.run(main())
+
+
+class _max_backlog:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __enter__(self) -> None:
+        self.saved, links.MAX_BACKLOG = links.MAX_BACKLOG, self.value
+
+    def __exit__(self, *exc: object) -> None:
+        links.MAX_BACKLOG = self.saved

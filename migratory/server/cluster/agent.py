@@ -71,6 +71,9 @@ class _Wire:
     def to_peer(self, member: int, frame: b.BusFrame) -> None:
         self.links.send(member, frame)
 
+    def stream_to_peer(self, member: int, frames: Iterator[b.BusFrame]) -> None:
+        self.links.send_stream(member, frames)
+
     def to_workers(self, frame: b.BusFrame) -> None:
         self.bus.broadcast(frame)
 
