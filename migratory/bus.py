@@ -296,6 +296,8 @@ BusFrame = (
 _U32 = struct.Struct("!I")
 _Q = struct.Struct("!Q")
 _QQI = struct.Struct("!QQI")  # a publication's seq, epoch and publish id length
+_QQ = struct.Struct("!QQ")
+_BQQI = struct.Struct("!BQQI")  # a cached message's retained flag, epoch, seq and publish id length
 
 
 def _b(data: bytes) -> bytes:
@@ -491,15 +493,70 @@ class _Cursor:
     def pairs(self) -> tuple[tuple[int, int], ...]:
         return tuple((self.u64(), self.u64()) for _ in range(self.count(16)))
 
-    def entry(self) -> Entry:
-        retained = bool(self.u8())
-        epoch = self.u64()
-        seq = self.u64()
-        publish_id = self.text()
-        fields = self.mapping()
-        return Entry(epoch, seq, self.raw(), fields, retained, publish_id)
+    def entries(self) -> tuple[Entry, ...]:
+        """A state's cached messages, read in place as _published reads a publication: a rejoining agent
+        decodes its peers' whole caches (200,000 messages: 44% of its CPU through the method calls).
+        A length that runs past the end makes a later read fail or the final position differ from the
+        body's length (:meth:`end`); either is a BusError."""
+        n = self.count(29)
+        data, pos = self.data, self.pos
+        unpack = _U32.unpack_from
+        head = _BQQI.unpack_from
+        out = []
+        try:
+            for _ in range(n):
+                retained, epoch, seq, k = head(data, pos)
+                pos += 21
+                publish_id = data[pos : pos + k].decode("utf-8")
+                pos += k
+                (count,) = unpack(data, pos)
+                pos += 4
+                if count * 8 > len(data) - pos:
+                    raise BusError("bus frame claims more items than it holds")
+                fields: dict[str, str] = {}
+                for _ in range(count):
+                    (k,) = unpack(data, pos)
+                    key = data[pos + 4 : pos + 4 + k].decode("utf-8")
+                    pos += 4 + k
+                    (k,) = unpack(data, pos)
+                    fields[key] = data[pos + 4 : pos + 4 + k].decode("utf-8")
+                    pos += 4 + k
+                (k,) = unpack(data, pos)
+                pos += 4
+                out.append(Entry(epoch, seq, data[pos : pos + k], fields, bool(retained), publish_id))
+                pos += k
+        except struct.error:
+            raise BusError("truncated bus frame") from None
+        except UnicodeDecodeError:
+            raise BusError("bus frame string is not UTF-8") from None
+        self.pos = pos
+        return tuple(out)
+
+    def ids(self) -> tuple[tuple[str, int, int], ...]:
+        """A state's recent publish ids with their positions, read in place as :meth:`entries`."""
+        n = self.count(20)
+        data, pos = self.data, self.pos
+        unpack = _U32.unpack_from
+        pair = _QQ.unpack_from
+        out = []
+        try:
+            for _ in range(n):
+                (k,) = unpack(data, pos)
+                pid = data[pos + 4 : pos + 4 + k].decode("utf-8")
+                pos += 4 + k
+                epoch, seq = pair(data, pos)
+                pos += 16
+                out.append((pid, epoch, seq))
+        except struct.error:
+            raise BusError("truncated bus frame") from None
+        except UnicodeDecodeError:
+            raise BusError("bus frame string is not UTF-8") from None
+        self.pos = pos
+        return tuple(out)
 
     def end(self) -> None:
+        if self.pos > len(self.data):
+            raise BusError("truncated bus frame")  # a length ran past the end (read in place, unchecked)
         if self.pos != len(self.data):
             raise BusError(f"{len(self.data) - self.pos} trailing bytes in bus frame")
 
@@ -580,10 +637,10 @@ def decode(body: bytes) -> BusFrame:
             snap_epoch = c.u64()
             snap_fields = c.mapping()
             snapshot = Snapshot(subject, c.raw(), snap_fields, snap_seq, snap_epoch)
-        entries = tuple(c.entry() for _ in range(c.count(29)))
+        entries = c.entries()
         ids: tuple[tuple[str, int, int], ...] = ()
         if flag & 4:
-            ids = tuple((c.text(), c.u64(), c.u64()) for _ in range(c.count(20)))
+            ids = c.ids()
         frame = SyncSubject(SubjectSync(subject, epoch, seq, snapshot, entries, ids), bool(flag & 2), fence)
     elif kind == Kind.HELLO:
         worker = c.u64()

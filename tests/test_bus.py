@@ -486,3 +486,41 @@ def test_a_worker_resyncs_its_subscribers_when_a_live_message_skips_ahead(retain
 
     expected = [("deliver", 1), ("deliver", 2), ("resync", 0)] + ([] if retained else [("deliver", 5)])
     assert asyncio.run(scenario()) == expected
+
+
+_TEXT = st.text(max_size=6)
+_ENTRIES = st.lists(
+    st.builds(
+        Entry,
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 2**64 - 1),
+        st.binary(max_size=20),
+        st.dictionaries(_TEXT, _TEXT, max_size=3),
+        st.booleans(),
+        _TEXT,
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=300)
+@given(_ENTRIES, st.data())
+def test_a_states_cached_messages_decode_in_place_and_any_cut_or_flip_is_a_bus_error(
+    entries: list[Entry], data: st.DataObject
+) -> None:
+    """The cached messages of a state are read in place (bus.py _Cursor.entries): every state round-trips,
+    every truncation of it is a BusError, and any byte changed is a BusError or a frame that round-trips."""
+    ids = tuple((e.publish_id, e.epoch, e.seq) for e in entries[:2])
+    frame = b.SyncSubject(SubjectSync("/s/é", 3, 9, None, tuple(entries), ids), more=data.draw(st.booleans()), fence=4)
+    body = b.encode(frame)[4:]
+    assert b.decode(body) == frame
+    cut = data.draw(st.integers(2, len(body) - 1))
+    with pytest.raises(b.BusError):
+        b.decode(body[:cut])
+    at = data.draw(st.integers(2, len(body) - 1))
+    flipped = body[:at] + bytes((body[at] ^ data.draw(st.integers(1, 255)),)) + body[at + 1 :]
+    try:
+        changed = b.decode(flipped)
+    except b.BusError:
+        return
+    assert b.decode(b.encode(changed)[4:]) == changed
