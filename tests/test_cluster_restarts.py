@@ -1,9 +1,9 @@
 """The faults operators cause every day, after sustained traffic: restarts of a member, a worker, the agent.
 
-Each test first fills the caches (hundreds of messages on many subjects, well past the 4 KB that
-a peer may send before it has authenticated), then restarts something, then checks what the
-restarted member can actually do (its subscribers receive, its publishers are answered, its
-snapshots are current), not only what its ``/health`` says.
+Each test first fills the caches (hundreds of messages on many subjects, 2.9 MB in all: well past the
+4 KB that a peer may send before it has authenticated, and past what a member link writes in one turn),
+then restarts something, then checks what the restarted member can actually do (its subscribers
+receive, its publishers are answered, its snapshots are current), not only what its ``/health`` says.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from migratory.protocol import Status
 pytestmark = pytest.mark.slow
 
 SUBJECTS = [f"/traffic/s{i}" for i in range(40)]
-PAYLOAD = b"x" * 120
+PAYLOAD = b"x" * 1200  # 2.9 MB of cache: a member link sends a state over HIGH_WATER in several turns
 
 
 def run(coro: object, timeout: float = 240) -> object:
@@ -32,7 +32,7 @@ def run(coro: object, timeout: float = 240) -> object:
 
 
 async def _traffic(url: str, rounds: int, guaranteed: bool, tag: str) -> None:
-    """``rounds`` messages on every subject (120 bytes each: 40 subjects x 60 rounds is 7 KB a subject)."""
+    """``rounds`` messages on every subject (1,200 bytes each: 40 subjects x 60 rounds is 72 KB a subject)."""
     async with MigratoryClient([url]) as publisher:
         for r in range(rounds):
             results = await asyncio.gather(
