@@ -99,7 +99,7 @@ class _Link(asyncio.Protocol):
         self.their_incarnation = 0
         self.addr = "?"
         # what waits for the end of this turn, or for room behind a stream, in order: encoded frames and
-        # streams encoded as they leave; queued counts the frames' bytes here and in the transport
+        # streams encoded as they leave; queued counts the bytes of the frames among them
         self.pending: deque[bytes | Iterator[bytes]] = deque()
         self.queued = 0
         self.paused = False  # over HIGH_WATER: resume_writing will come
