@@ -509,18 +509,7 @@ class _Cursor:
                 pos += 21
                 publish_id = data[pos : pos + k].decode("utf-8")
                 pos += k
-                (count,) = unpack(data, pos)
-                pos += 4
-                if count * 8 > len(data) - pos:
-                    raise BusError("bus frame claims more items than it holds")
-                fields: dict[str, str] = {}
-                for _ in range(count):
-                    (k,) = unpack(data, pos)
-                    key = data[pos + 4 : pos + 4 + k].decode("utf-8")
-                    pos += 4 + k
-                    (k,) = unpack(data, pos)
-                    fields[key] = data[pos + 4 : pos + 4 + k].decode("utf-8")
-                    pos += 4 + k
+                fields, pos = _fields_at(data, pos)
                 (k,) = unpack(data, pos)
                 pos += 4
                 out.append(Entry(epoch, seq, data[pos : pos + k], fields, bool(retained), publish_id))
@@ -561,6 +550,25 @@ class _Cursor:
             raise BusError(f"{len(self.data) - self.pos} trailing bytes in bus frame")
 
 
+def _fields_at(data: bytes, pos: int) -> tuple[dict[str, str], int]:
+    """The fields map at ``pos``, read in place, and the position after it (for _published and
+    _Cursor.entries, which turn struct.error and UnicodeDecodeError into BusError)."""
+    unpack = _U32.unpack_from
+    (count,) = unpack(data, pos)
+    pos += 4
+    if count * 8 > len(data) - pos:
+        raise BusError("bus frame claims more items than it holds")
+    fields: dict[str, str] = {}
+    for _ in range(count):
+        (n,) = unpack(data, pos)
+        key = data[pos + 4 : pos + 4 + n].decode("utf-8")
+        pos += 4 + n
+        (n,) = unpack(data, pos)
+        fields[key] = data[pos + 4 : pos + 4 + n].decode("utf-8")
+        pos += 4 + n
+    return fields, pos
+
+
 def _published(body: bytes, flag: int) -> Published:
     """The frame every worker decodes for every message: read in place, without a cursor's method calls.
 
@@ -571,18 +579,7 @@ def _published(body: bytes, flag: int) -> Published:
         (n,) = unpack(body, 2)
         pos = 6 + n
         subject = body[6:pos].decode("utf-8")
-        (count,) = unpack(body, pos)
-        pos += 4
-        if count * 8 > len(body) - pos:
-            raise BusError("bus frame claims more items than it holds")
-        fields: dict[str, str] = {}
-        for _ in range(count):
-            (n,) = unpack(body, pos)
-            key = body[pos + 4 : pos + 4 + n].decode("utf-8")
-            pos += 4 + n
-            (n,) = unpack(body, pos)
-            fields[key] = body[pos + 4 : pos + 4 + n].decode("utf-8")
-            pos += 4 + n
+        fields, pos = _fields_at(body, pos)
         seq, epoch, n = _QQI.unpack_from(body, pos)
         pos += 20
         publish_id = body[pos : pos + n].decode("utf-8")

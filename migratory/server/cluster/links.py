@@ -39,7 +39,7 @@ from typing import cast
 
 from migratory import bus as b
 from migratory.config import Config, Endpoint
-from migratory.server.node.bus import cancel_all
+from migratory.server.node.bus import cancel_all, write_some
 
 __all__ = ["MemberLinks", "client_context", "server_context"]
 
@@ -286,42 +286,23 @@ class _Link(asyncio.Protocol):
         self.fail(f"it stopped reading ({MAX_BACKLOG >> 20} MB waiting)")
 
     def flush(self) -> None:
-        """Write the frames up to the first stream at once, then as much of the stream as the link has
-        room for; the rest goes on when the peer has read (resume_writing), or next turn."""
+        """Write what waits until the link holds HIGH_WATER unread bytes (a stream encoded only now); the
+        rest goes on when the peer has read (resume_writing), or next turn."""
         transport = self.transport
         if transport is None or transport.is_closing():
             self.pending.clear()  # a link closing in this turn takes nothing more (uvloop raises on a closed handle)
             self.queued = 0
             return
-        pending = self.pending
-        chunk: list[bytes] = []
-        room = HIGH_WATER - transport.get_write_buffer_size()
         try:
-            while pending:
-                item = pending[0]
-                if isinstance(item, bytes):
-                    pending.popleft()
-                    self.queued -= len(item)
-                elif self.paused or room < 0:
-                    break
-                else:
-                    part = next(item, None)  # a stream encodes its next frame only now
-                    if part is None:
-                        pending.popleft()
-                        continue
-                    item = part
-                chunk.append(item)
-                room -= len(item)
+            self.queued -= write_some(self.pending, transport, HIGH_WATER)
         except Exception as exc:  # a bug encoding a state: this link starts over (handshake, state), not the others
             self.fail(f"cannot encode a state for it: {type(exc).__name__}: {exc}")
             return
-        if chunk:
-            transport.write(b"".join(chunk))
         # frames count until the peer has read them; a stream does not (it is our own state, encoded as read)
         if transport.get_write_buffer_size() + self.queued > MAX_BACKLOG:
             self._overflow()
             return
-        if pending and not self.paused:
+        if self.pending and not self.paused:
             self.links.dirty(self)  # the socket took it all and paused nothing: no resume_writing will come
 
 

@@ -43,7 +43,7 @@ from typing import cast
 
 from migratory import bus as b
 
-__all__ = ["Bus", "fan_out", "peer_uid", "proof"]
+__all__ = ["Bus", "fan_out", "peer_uid", "proof", "write_some"]
 
 log = logging.getLogger("migratory.server")
 
@@ -155,6 +155,31 @@ class _Reader:
             raise StopIteration
         self.position += 1
         return part
+
+
+def write_some(pending: deque[bytes | Iterator[bytes]], transport: asyncio.Transport, high_water: int) -> int:
+    """Write what waits in ``pending``, in order, until ``transport`` holds more than ``high_water`` unread
+    bytes (strictly: a transport pauses its protocol above the mark, not at it); a stream renders its
+    next frame only now. Returns the bytes of encoded frames taken (a stream's are not counted)."""
+    room = high_water - transport.get_write_buffer_size()
+    chunk: list[bytes] = []
+    frames = 0
+    while pending and room >= 0:
+        item = pending[0]
+        if isinstance(item, bytes):
+            pending.popleft()
+            frames += len(item)
+        else:
+            part = next(item, None)
+            if part is None:
+                pending.popleft()
+                continue
+            item = part
+        chunk.append(item)
+        room -= len(item)
+    if chunk:
+        transport.write(b"".join(chunk))
+    return frames
 
 
 def fan_out(source: Iterator[bytes], count: int) -> list[Iterator[bytes]]:
@@ -437,7 +462,7 @@ class Bus:
             peer.pending.clear()
             return
         try:
-            self._write_some(peer.pending, transport)
+            write_some(peer.pending, transport, HIGH_WATER)
         except Exception as exc:  # a bug rendering a state: this link starts over (Hello, full state), not the others
             log.error("bus link to process %d: cannot write (%s: %s); relinking", peer.index, type(exc).__name__, exc)
             peer.pending.clear()
@@ -447,26 +472,6 @@ class Bus:
             # the socket took it all and did not pause us, so no resume_writing will come: go on next turn
             # (about HIGH_WATER bytes a link a turn: a whole state never holds the loop in one turn)
             self._resume_soon(peer)
-
-    @staticmethod
-    def _write_some(pending: deque[bytes | Iterator[bytes]], transport: asyncio.Transport) -> None:
-        """Stop only past HIGH_WATER (strictly: a transport pauses its protocol above the mark, not at it)."""
-        room = HIGH_WATER - transport.get_write_buffer_size()
-        chunk: list[bytes] = []
-        while pending and room >= 0:
-            item = pending[0]
-            if isinstance(item, bytes):
-                pending.popleft()
-            else:
-                part = next(item, None)  # a stream renders its next frame only now
-                if part is None:
-                    pending.popleft()
-                    continue
-                item = part
-            chunk.append(item)
-            room -= len(item)
-        if chunk:
-            transport.write(b"".join(chunk))
 
     def linked(self, worker: int) -> bool:
         """Linked to ``worker`` both ways: our link to it is up and its link to us said Hello."""
