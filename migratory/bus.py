@@ -19,10 +19,11 @@ counts), strings and bytes are length-prefixed.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from migratory.message import Snapshot
@@ -435,6 +436,17 @@ def _encode_body(frame: BusFrame) -> bytes:
     return _head(Kind.CLUSTER_INFO, frame.ready) + _b(frame.document)
 
 
+@contextlib.contextmanager
+def _read_in_place() -> Iterator[None]:
+    """What reading in place raises, as a BusError: a length past the end, or text that is not UTF-8."""
+    try:
+        yield
+    except struct.error:
+        raise BusError("truncated bus frame") from None
+    except UnicodeDecodeError:
+        raise BusError("bus frame string is not UTF-8") from None
+
+
 class _Cursor:
     __slots__ = ("data", "pos")
 
@@ -503,7 +515,7 @@ class _Cursor:
         unpack = _U32.unpack_from
         head = _BQQI.unpack_from
         out = []
-        try:
+        with _read_in_place():
             for _ in range(n):
                 retained, epoch, seq, k = head(data, pos)
                 pos += 21
@@ -514,10 +526,6 @@ class _Cursor:
                 pos += 4
                 out.append(Entry(epoch, seq, data[pos : pos + k], fields, bool(retained), publish_id))
                 pos += k
-        except struct.error:
-            raise BusError("truncated bus frame") from None
-        except UnicodeDecodeError:
-            raise BusError("bus frame string is not UTF-8") from None
         self.pos = pos
         return tuple(out)
 
@@ -528,7 +536,7 @@ class _Cursor:
         unpack = _U32.unpack_from
         pair = _QQ.unpack_from
         out = []
-        try:
+        with _read_in_place():
             for _ in range(n):
                 (k,) = unpack(data, pos)
                 pid = data[pos + 4 : pos + 4 + k].decode("utf-8")
@@ -536,10 +544,6 @@ class _Cursor:
                 epoch, seq = pair(data, pos)
                 pos += 16
                 out.append((pid, epoch, seq))
-        except struct.error:
-            raise BusError("truncated bus frame") from None
-        except UnicodeDecodeError:
-            raise BusError("bus frame string is not UTF-8") from None
         self.pos = pos
         return tuple(out)
 
