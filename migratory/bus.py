@@ -751,8 +751,12 @@ class BusDecoder:
         return decode(buf[4 : 4 + length])
 
     def feed(self, data: bytes) -> list[BusFrame]:
+        return [decode(body) for body in self.bodies(data)]
+
+    def bodies(self, data: bytes) -> list[bytes]:
+        """The complete frames' bodies, not decoded yet (a member link decodes them a few at a time)."""
         buf = self._buf + data if self._buf else data
-        out: list[BusFrame] = []
+        out: list[bytes] = []
         pos = 0
         while len(buf) - pos >= 4:
             (length,) = _U32.unpack_from(buf, pos)
@@ -760,7 +764,7 @@ class BusDecoder:
                 raise BusError(f"bus frame of {length} bytes (at most {self.max_frame})")
             if len(buf) - pos - 4 < length:
                 break
-            out.append(decode(buf[pos + 4 : pos + 4 + length]))
+            out.append(buf[pos + 4 : pos + 4 + length])
             pos += 4 + length
         self._buf = buf[pos:]
         return out

@@ -20,6 +20,7 @@ class _Transport(asyncio.Transport):
         super().__init__()
         self.reading = True
         self.pauses = 0
+        self.aborted = False
 
     def pause_reading(self) -> None:
         self.reading = False
@@ -36,6 +37,9 @@ class _Transport(asyncio.Transport):
 
     def write(self, data: Any) -> None:
         pass
+
+    def abort(self) -> None:
+        self.aborted = True
 
 
 class _Links:
@@ -66,6 +70,7 @@ def test_a_peers_burst_is_handed_on_in_turns_in_order_and_reading_resumes() -> N
         frames = [b.Interest(f"/s/{i}", i + 1) for i in range(1000)]
         asyncio.get_running_loop().call_soon(tick)
         link.data_received(b"".join(b.encode(f) for f in frames))
+        await asyncio.sleep(0)  # the reads of this turn are in: one budget for all of them
         assert not transport.reading  # frames wait: no more is read meanwhile
         for _ in range(20):
             await asyncio.sleep(0)
@@ -86,6 +91,47 @@ def test_a_peers_burst_is_handed_on_in_turns_in_order_and_reading_resumes() -> N
     runs.append(run)
     assert max(runs) <= links.FRAMES_PER_TURN, runs
     assert sum(1 for r in runs if r) >= count // links.FRAMES_PER_TURN
+
+
+def test_large_frames_are_decoded_and_handed_on_about_bytes_per_turn_at_a_time() -> None:
+    """A state's frames are up to 1 MB of cache each: 256 of them in a turn (decoded as they were read,
+    merged, relayed to every worker) held the agent for seconds. Bodies wait undecoded, and a turn
+    decodes and hands on about BYTES_PER_TURN of them; a corrupt one ends the link after those before it."""
+
+    async def main() -> tuple[list[Any], int, bool]:
+        log: list[Any] = []
+        link = links._Link(_Links(log), expected=1)  # type: ignore[arg-type]
+        transport = _Transport()
+        link.transport = transport
+        link.up, link.peer = True, 1
+        link.decoder.max_frame = b.MAX_BUS_FRAME
+        ticks = [0]
+
+        def tick() -> None:
+            log.append("tick")
+            ticks[0] += 1
+            if ticks[0] < 50:
+                asyncio.get_running_loop().call_soon(tick)
+
+        asyncio.get_running_loop().call_soon(tick)
+        big = [b.Published(f"/s/{i}", bytes(100_000), {}, i + 1, 1, False, True, "") for i in range(12)]
+        link.data_received(b"".join(b.encode(f) for f in big) + (b"\x00\x00\x00\x02\xff\x00"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return log, transport.pauses, transport.aborted
+
+    log, pauses, aborted = asyncio.run(main())
+    handed = [x.subject for x in log if x != "tick"]
+    assert handed == [f"/s/{i}" for i in range(12)]  # every good frame once, in order, before the corrupt one
+    runs, run = [], 0
+    for x in log:
+        if x == "tick":
+            runs.append(run)
+            run = 0
+        else:
+            run += 1
+    assert max(runs) <= links.BYTES_PER_TURN // 100_000 + 1, runs
+    assert pauses >= 1 and aborted  # the corrupt frame, decoded last, ended the link
 
 
 def _link_on_socket(loop: asyncio.AbstractEventLoop) -> tuple[links._Link, Any]:
