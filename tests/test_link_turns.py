@@ -51,9 +51,11 @@ class _Links:
         self.log.append(frame)
 
 
-def test_a_peers_burst_is_handed_on_in_turns_in_order_and_reading_resumes() -> None:
-    async def main() -> tuple[list[Any], _Transport, int]:
-        log: list[Any] = []
+def _fed(data: bytes, log: list[Any]) -> _Transport:
+    """An authenticated link on a fake transport, given ``data`` in one read while a callback logs "tick"
+    at every loop turn; returns once 20 turns have passed (what the link handed on is in ``log``)."""
+
+    async def main() -> _Transport:
         link = links._Link(_Links(log), expected=1)  # type: ignore[arg-type]
         transport = _Transport()
         link.transport = transport
@@ -67,20 +69,19 @@ def test_a_peers_burst_is_handed_on_in_turns_in_order_and_reading_resumes() -> N
             if ticks[0] < 50:
                 asyncio.get_running_loop().call_soon(tick)
 
-        frames = [b.Interest(f"/s/{i}", i + 1) for i in range(1000)]
         asyncio.get_running_loop().call_soon(tick)
-        link.data_received(b"".join(b.encode(f) for f in frames))
+        link.data_received(data)
         await asyncio.sleep(0)  # the reads of this turn are in: one budget for all of them
         assert not transport.reading  # frames wait: no more is read meanwhile
         for _ in range(20):
             await asyncio.sleep(0)
-        return log, transport, len(frames)
+        return transport
 
-    log, transport, count = asyncio.run(main())
-    handed = [x for x in log if x != "tick"]
-    assert [f.count for f in handed] == list(range(1, count + 1))  # every frame once, in order
-    assert transport.reading and transport.pauses >= 1
-    # the loop turned between batches: ticks interleave with the frames, none more than a batch apart
+    return asyncio.run(main())
+
+
+def _runs(log: list[Any]) -> list[int]:
+    """How many frames were handed on between two loop turns, turn after turn."""
     runs, run = [], 0
     for x in log:
         if x == "tick":
@@ -88,50 +89,33 @@ def test_a_peers_burst_is_handed_on_in_turns_in_order_and_reading_resumes() -> N
             run = 0
         else:
             run += 1
-    runs.append(run)
+    return [*runs, run]
+
+
+def test_a_peers_burst_is_handed_on_in_turns_in_order_and_reading_resumes() -> None:
+    log: list[Any] = []
+    frames = [b.Interest(f"/s/{i}", i + 1) for i in range(1000)]
+    transport = _fed(b"".join(b.encode(f) for f in frames), log)
+    handed = [x for x in log if x != "tick"]
+    assert [f.count for f in handed] == list(range(1, len(frames) + 1))  # every frame once, in order
+    assert transport.reading and transport.pauses >= 1
+    # the loop turned between batches: ticks interleave with the frames, none more than a batch apart
+    runs = _runs(log)
     assert max(runs) <= links.FRAMES_PER_TURN, runs
-    assert sum(1 for r in runs if r) >= count // links.FRAMES_PER_TURN
+    assert sum(1 for r in runs if r) >= len(frames) // links.FRAMES_PER_TURN
 
 
 def test_large_frames_are_decoded_and_handed_on_about_bytes_per_turn_at_a_time() -> None:
     """A state's frames are up to 1 MB of cache each: 256 of them in a turn (decoded as they were read,
     merged, relayed to every worker) held the agent for seconds. Bodies wait undecoded, and a turn
     decodes and hands on about BYTES_PER_TURN of them; a corrupt one ends the link after those before it."""
-
-    async def main() -> tuple[list[Any], int, bool]:
-        log: list[Any] = []
-        link = links._Link(_Links(log), expected=1)  # type: ignore[arg-type]
-        transport = _Transport()
-        link.transport = transport
-        link.up, link.peer = True, 1
-        link.decoder.max_frame = b.MAX_BUS_FRAME
-        ticks = [0]
-
-        def tick() -> None:
-            log.append("tick")
-            ticks[0] += 1
-            if ticks[0] < 50:
-                asyncio.get_running_loop().call_soon(tick)
-
-        asyncio.get_running_loop().call_soon(tick)
-        big = [b.Published(f"/s/{i}", bytes(100_000), {}, i + 1, 1, False, True, "") for i in range(12)]
-        link.data_received(b"".join(b.encode(f) for f in big) + (b"\x00\x00\x00\x02\xff\x00"))
-        for _ in range(20):
-            await asyncio.sleep(0)
-        return log, transport.pauses, transport.aborted
-
-    log, pauses, aborted = asyncio.run(main())
+    log: list[Any] = []
+    big = [b.Published(f"/s/{i}", bytes(100_000), {}, i + 1, 1, False, True, "") for i in range(12)]
+    transport = _fed(b"".join(b.encode(f) for f in big) + b"\x00\x00\x00\x02\xff\x00", log)
     handed = [x.subject for x in log if x != "tick"]
     assert handed == [f"/s/{i}" for i in range(12)]  # every good frame once, in order, before the corrupt one
-    runs, run = [], 0
-    for x in log:
-        if x == "tick":
-            runs.append(run)
-            run = 0
-        else:
-            run += 1
-    assert max(runs) <= links.BYTES_PER_TURN // 100_000 + 1, runs
-    assert pauses >= 1 and aborted  # the corrupt frame, decoded last, ended the link
+    assert max(_runs(log)) <= links.BYTES_PER_TURN // 100_000 + 1, _runs(log)
+    assert transport.pauses >= 1 and transport.aborted  # the corrupt frame, decoded last, ended the link
 
 
 def _link_on_socket(loop: asyncio.AbstractEventLoop) -> tuple[links._Link, Any]:
