@@ -159,7 +159,7 @@ class _Link(asyncio.Protocol):
             return
         self._backlog.extend(bodies)
         if self._draining is None and self._backlog:
-            # after this turn's reads (up to 32 of them in one callback): one budget a turn, not one a read
+            # after this turn's reads (one callback may read several times): one budget a turn, not one a read
             self._draining = asyncio.get_running_loop().call_soon(self._drain)
 
     def _drain(self) -> None:
