@@ -294,11 +294,16 @@ class _Link(asyncio.Protocol):
         self.pending.append(data)
         if isinstance(data, bytes):
             self.queued += len(data)
-            if self.queued > MAX_BACKLOG:  # behind a stream the peer does not read: no flush would see it
-                self._overflow()
+            self._backlog_full()  # here too: behind a stream the peer does not read, no flush would see it
 
-    def _overflow(self) -> None:
+    def _backlog_full(self) -> bool:
+        """Whether the frames waiting for the peer, written or not, pass MAX_BACKLOG (a stream is our own
+        state and does not count); if they do, the link is dropped."""
+        transport = self.transport
+        if transport is None or transport.get_write_buffer_size() + self.queued <= MAX_BACKLOG:
+            return False
         self.fail(f"it stopped reading ({MAX_BACKLOG >> 20} MB waiting)")
+        return True
 
     def flush(self) -> None:
         """Write what waits until the link holds HIGH_WATER unread bytes (a stream encoded only now); the
@@ -313,9 +318,7 @@ class _Link(asyncio.Protocol):
         except Exception as exc:  # a bug encoding a state: this link starts over (handshake, state), not the others
             self.fail(f"cannot encode a state for it: {type(exc).__name__}: {exc}")
             return
-        # frames count until the peer has read them; a stream does not (it is our own state, encoded as read)
-        if transport.get_write_buffer_size() + self.queued > MAX_BACKLOG:
-            self._overflow()
+        if self._backlog_full():
             return
         if self.pending and not self.paused:
             self.links.dirty(self)  # the socket took it all and paused nothing: no resume_writing will come
