@@ -37,7 +37,11 @@ async def fill(url: str, subjects: list[str], messages: int) -> None:
 
 
 def main() -> None:
-    count, messages, timeout = (int(a) for a in (sys.argv[1:] + ["40", "5000", "1000"][len(sys.argv) - 1 :]))
+    given = sys.argv[1:]
+    if len(given) > 3 or not all(a.isdigit() and int(a) > 0 for a in given):
+        print("usage: bench/rejoin.py [SUBJECTS MESSAGES HEARTBEAT_TIMEOUT_MS], positive integers", file=sys.stderr)
+        raise SystemExit(2)
+    count, messages, timeout = (int(a) for a in [*given, *["40", "5000", "1000"][len(given) :]])
     subjects = [f"/rejoin/s{i}" for i in range(count)]
     extra = {
         "MaxCachedMessagesPerSubject": str(messages),
