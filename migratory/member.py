@@ -116,6 +116,8 @@ class _Peer:
     their_sent_at: float = 0.0
     rtt_ms: float = -1.0
     status: dict[str, Any] = field(default_factory=dict)
+    linked: float = 0.0  # when this link came up
+    beats: int = 0  # heartbeats heard on it
 
 
 @dataclass(slots=True)
@@ -138,12 +140,22 @@ class _Claim:
 
 @dataclass(slots=True)
 class _Unacked:
-    """Guaranteed mode, coordinator: numbered, cached here, not yet held by a second member."""
+    """Guaranteed mode, coordinator: numbered, cached here, not yet held by a second member.
+
+    ``epoch`` is the coordinator's epoch whose acknowledgements release it: the message's own, or, for
+    a message numbered under an earlier epoch of this member and carried into a new claim of its group
+    (:meth:`Member._carry`), the new one; peers then acknowledge the coordinator's state, not the message.
+    """
 
     seq: int
     frame: Published
     waiters: list[_Pending]
     sent: float = 0.0  # when it was last sent to the other members
+    epoch: int = 0
+
+    @property
+    def carried(self) -> bool:
+        return self.epoch != self.frame.epoch
 
 
 class Member:
@@ -182,9 +194,9 @@ class Member:
         self._waiting: list[_Pending] = []  # publications with no reachable coordinator yet
         self._unacked: dict[str, deque[_Unacked]] = {}
         self._unacked_ids: dict[str, tuple[str, int, int]] = {}  # publish id -> (subject, epoch, seq), in flight
-        self._handover: dict[int, list[Published]] = {}  # group -> unconfirmed when fenced, until a claimant asks
-        # Guaranteed, non-coordinator: applied and acknowledged here, not yet confirmed by the coordinator (held by a
-        # second member of the table): kept from the workers, so that no subscriber sees what the cluster can still lose
+        # Guaranteed: applied here, not yet confirmed held by two members of the table (received from the coordinator
+        # and acknowledged; or numbered here under an epoch since superseded): kept from the workers, so that no
+        # subscriber sees what the cluster can still lose. The group's coordinator's confirmations release them.
         self._unconfirmed: dict[str, deque[Published]] = {}
         self._expect_admission = True  # the next table that adds us is the one we wait for (not a missed exclusion)
         self._join: tuple[int, int] | None = None  # (request, peer) of the full sync in progress
@@ -310,7 +322,7 @@ class Member:
     def peer_up(self, member: int, incarnation: int, now: float) -> None:
         """An authenticated link to ``member`` came up (a new process of it if ``incarnation`` changed)."""
         self._awake(now)
-        self.peers[member] = _Peer(member, incarnation, now)
+        self.peers[member] = _Peer(member, incarnation, now, linked=now)
         self.counters["link_up"] += 1
         for subject, total in self._totals.items():
             if total:
@@ -440,6 +452,7 @@ class Member:
 
     def _heartbeat(self, peer: _Peer, beat: Heartbeat, now: float) -> None:
         was_ready = peer.ready
+        peer.beats += 1
         peer.ready, peer.leader, peer.table_version = beat.ready, beat.leader, beat.table_version
         peer.sees = ()
         peer.their_sent, peer.their_sent_at = beat.sent, now
@@ -504,7 +517,7 @@ class Member:
         if not queue or ack.epoch != self.epochs[group]:
             return
         released = 0
-        while queue and queue[0].seq <= ack.seq and queue[0].frame.epoch == ack.epoch:
+        while queue and queue[0].seq <= ack.seq and queue[0].epoch == ack.epoch:
             item = queue.popleft()
             self._release(item)
             released = item.seq
@@ -526,12 +539,6 @@ class Member:
             self.wire.to_workers(queue.popleft())
         if not queue:
             self._unconfirmed.pop(subject, None)
-
-    def _expose_group(self, group: int) -> None:
-        """Our state of ``group`` goes into a new coordinator's merge: what we held back is history now."""
-        for subject in [s for s in self._unconfirmed if group_of(s) == group]:
-            for frame in self._unconfirmed.pop(subject):
-                self.wire.to_workers(frame)
 
     def _release(self, item: _Unacked) -> None:
         self._unacked_ids.pop(item.frame.publish_id, None)
@@ -555,6 +562,18 @@ class Member:
                 state.subject, state.epoch, state.seq, state.snapshot, (*earlier, *state.entries), state.ids
             )
         self._merge(state, now)
+        if (
+            self.s.guaranteed
+            and member >= 0
+            and frame.fence == self.epochs[group_of(state.subject)]
+            and owner_of(frame.fence, self.n) == member
+            and state.seq
+            and self.replica.epoch_of(state.subject, state.seq) == state.epoch
+        ):
+            # the coordinator's own state (its announcement after a claim): we hold its history up to here,
+            # which may carry messages it numbered under earlier epochs and holds back until a second member
+            # has them (Member._carry)
+            self.wire.to_peer(member, Ack(state.subject, frame.fence, state.seq))
 
     def _stale_sender(self, member: int, frame: SyncSubject) -> bool:
         """Guaranteed mode: state from a member still behind this group's epoch (a coordinator that was
@@ -571,6 +590,7 @@ class Member:
         merged = self.replica.merge(state, now)
         if merged.resync:
             self.counters["resyncs"] += 1
+            self._unconfirmed.pop(state.subject, None)  # another history replaced ours: what we held is not in it
         if merged.changed:
             for sync in sync_frames(state):
                 self.wire.to_workers(sync)
@@ -582,12 +602,10 @@ class Member:
             self._drain_waiting(now)
         if not request.reply:
             return
-        for group, _ in request.fence:
-            # our state goes to the claimant, with what we numbered and nobody confirmed: from now on it is
-            # part of the group's history, so our subscribers get it too
-            for frame in self._handover.pop(group, ()):
-                self.wire.to_workers(frame)
-            self._expose_group(group)
+        # Our state goes to the claimant, with what we hold back: it becomes history once the claimant has
+        # merged it and tells us so (its confirmations release it to our workers). Released now, our
+        # subscribers could see what a claim that never completes (the link drops, a newer claim that
+        # could not ask us supersedes it) leaves out of the history (tests/test_member_schedules.py).
         self.counters["syncs_served"] += 1
         subjects = self.replica.subjects() if request.everything else self._subjects_of(g for g, _ in request.fence)
         self._send_state(member, subjects)
@@ -621,21 +639,29 @@ class Member:
         self.active[group] = False
         for claim in self._claims.values():
             claim.groups.pop(group, None)
-        if was_owner and owner_of(epoch, self.n) != self.me:
+        if was_owner:
+            # even when the new epoch is ours again (the tables moved the group away and back, or we saw only
+            # the newest): acknowledgements of the old epoch no longer count, and what waited for them would
+            # block every later message of its subject
             self._step_down(group, now)
 
     def _step_down(self, group: int, now: float) -> None:
-        """Another member now coordinates ``group``: hand over what was under way here."""
+        """``group`` has a new epoch: hand over what was numbered here under the old one and not confirmed."""
         for subject in [s for s in self._unacked if group_of(s) == group]:
             # If the new coordinator waits for our state (we are in its table), these messages
-            # carry over into its epoch: they reach our workers when we answer its request. If it
-            # did not wait (we were cut off and left out), they are dropped with our state. Either
-            # way their publishers hear FAILED and may retry with the same publish id.
+            # carry over into its epoch: they reach our workers when it confirms them, or, when the new
+            # coordinator is this member again, once a second member holds our merged state (_carry).
+            # If it did not wait (we were cut off and left out), they are dropped with our state.
+            # Either way their publishers hear FAILED and may retry with the same publish id.
+            held = self._unconfirmed.setdefault(subject, deque())
             for item in self._unacked.pop(subject):
                 self._unacked_ids.pop(item.frame.publish_id, None)
-                self._handover.setdefault(group, []).append(item.frame)
+                if not held or held[-1].seq < item.seq:
+                    held.append(item.frame)
                 for waiter in item.waiters:
-                    self._answer(waiter, Status.FAILED, "the coordinator changed; retry with the same publish id")
+                    self._answer(
+                        waiter, Status.FAILED, "the subject's coordinator changed; retry with the same publish id"
+                    )
         self._drain_waiting(now)
 
     def _drain_waiting(self, now: float) -> None:
@@ -653,7 +679,6 @@ class Member:
         for group, epoch in groups.items():
             self._fence(group, epoch, now)
             self.epochs[group] = epoch
-            self._expose_group(group)  # our own state is part of the merge
         self.counters["claims"] += 1
         claim = _Claim(self._request(), dict(groups), set(members) - {self.me}, now + self.s.heartbeat_timeout)
         self._claims[claim.request] = claim
@@ -670,9 +695,35 @@ class Member:
         groups = [g for g, e in claim.groups.items() if self.epochs[g] == e and owner_of(e, self.n) == self.me]
         for group in groups:
             self.active[group] = True
+            if self.s.guaranteed:
+                self._carry(group, now)
         for member in list(self.peers):
             self._announce(member, groups)
         self._drain_waiting(now)
+
+    def _carry(self, group: int, now: float) -> None:
+        """Guaranteed, a claim of ``group`` completed: what this member held back of it (numbered under an
+        earlier epoch of its own and not confirmed, or received and not confirmed) is part of the merged
+        history now. It reaches our subscribers once a second member holds it, as any message does: it
+        waits at the head of its subject's queue for a peer's acknowledgement of our state, which the
+        announcement that follows sends to every peer, and the new epoch's messages wait behind it. Handed
+        to the workers at once, a copy only this member held could be seen by a subscriber and lost with
+        this member (bench failover round 122); and not handed at all, the first message of the new epoch
+        reached them past a hole, and they were resynchronised (round partition-leader, issue 48)."""
+        frames: list[Published] = []
+        for subject in [s for s in self._unconfirmed if group_of(s) == group]:
+            frames.extend(self._unconfirmed.pop(subject))
+        frames.sort(key=lambda f: f.seq)  # stable: in order within each subject
+        epoch = self.epochs[group]
+        for frame in frames:
+            if self.replica.epoch_of(frame.subject, frame.seq) != frame.epoch:
+                continue  # the merge replaced it with another history (and resynced the workers), or it expired
+            queue = self._unacked.setdefault(frame.subject, deque())
+            if queue and queue[-1].seq >= frame.seq:
+                continue
+            queue.append(_Unacked(frame.seq, frame, [], now, epoch))
+            if frame.publish_id:
+                self._unacked_ids[frame.publish_id] = (frame.subject, frame.epoch, frame.seq)
 
     def _rebalance(self, now: float) -> None:
         """Standard mode: claim the groups this member should coordinate among those it sees."""
@@ -696,8 +747,16 @@ class Member:
         return self.me in table.members and table.incarnation_of(self.me) in (None, self.s.incarnation)
 
     def live_incarnations(self) -> dict[int, int]:
-        """The agent process of each member in :meth:`live_members`: the leader's proposal admits those."""
-        live = {j: p.incarnation for j, p in self.peers.items() if p.ready}
+        """The members the leader's proposal admits, each with its agent process (see :meth:`live_members`)."""
+        table = self.table
+        now = self._last_tick if self._last_tick is not None else self.started
+        live = {}
+        for j, p in self.peers.items():
+            listed = j in table.members and table.incarnation_of(j) in (None, p.incarnation)
+            serving = p.ready and (listed or p.table_version >= table.version)
+            unheard = listed and not p.beats and now - p.linked < self.s.heartbeat_timeout
+            if serving or unheard:
+                live[j] = p.incarnation
         if self.serving:
             live[self.me] = self.s.incarnation
         return live
@@ -760,7 +819,6 @@ class Member:
         self.ready = self.serving = False
         self.replica = self._new_replica()
         self._unacked_ids.clear()
-        self._handover.clear()
         self._unconfirmed.clear()
         self._expect_admission = True  # the leader will take us back in once we are ready again
         for subject in list(self._unacked):
@@ -900,7 +958,9 @@ class Member:
             self.wire.to_peer(member, published)
         self.counters["replicated_out"] += len(self.peers)
         if self.s.guaranteed:
-            self._unacked.setdefault(subject, deque()).append(_Unacked(entry.seq, published, [pending], now))
+            self._unacked.setdefault(subject, deque()).append(
+                _Unacked(entry.seq, published, [pending], now, entry.epoch)
+            )
             if entry.publish_id:  # known here until a second member holds it, whatever the cache forgets
                 self._unacked_ids[entry.publish_id] = (subject, entry.epoch, entry.seq)
         else:
@@ -990,15 +1050,22 @@ class Member:
                     still.append(pending)
             self._waiting = still
         holders = [m for m in self.table.members if m != self.me and m in self.peers]
-        for queue in self._unacked.values():
+        for subject, queue in self._unacked.items():
+            restated = False
             for item in queue:
                 if holders and now - item.sent >= timeout:
                     # Not confirmed yet: its first copies may have gone to members that died since,
                     # and members that came back hold it only from their join. Send it again: a
-                    # member that has it acknowledges the duplicate.
+                    # member that has it acknowledges the duplicate (a carried message: our state,
+                    # which its holders acknowledge under our epoch).
                     item.sent = now
-                    for member in holders:
-                        self.wire.to_peer(member, item.frame)
+                    if not item.carried:
+                        for member in holders:
+                            self.wire.to_peer(member, item.frame)
+                    elif not restated:
+                        restated = True
+                        for member in holders:
+                            self._send_state(member, [subject])
                 if item.waiters and now >= item.waiters[0].deadline:
                     # still cached here and released if a second member confirms it later
                     for waiter in item.waiters:
@@ -1042,8 +1109,14 @@ class Member:
     # --- status -------------------------------------------------------------------------
 
     def live_members(self) -> list[int]:
-        """Members this one sees ready (itself included when ready): the leader's proposal."""
-        return sorted(([self.me] if self.serving else []) + self._ready_peers())
+        """The members a leader's proposal admits: itself when serving; each peer heard serving, one the table
+        does not list only once its heartbeats say it holds the table (one that has not learned yet that a
+        table left it out will drop its state when it does: admitted on a heartbeat from before that, it
+        would count as a holder of what it no longer holds); and a peer the table lists whose link came up
+        again and has not spoken yet, for a heartbeat timeout (a link that broke and came back is not a
+        member that died: without this grace the leader dropped it from the table at once, and it started
+        over; found by tests/test_member_schedules.py)."""
+        return sorted(self.live_incarnations())
 
     def leader_index(self) -> int:
         """The seed members' Raft leader as this member knows it (-1: none known)."""
