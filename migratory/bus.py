@@ -166,6 +166,9 @@ class SyncSubject:
     state: SubjectSync
     more: bool = False
     fence: int = 0  # the sending member's epoch of the subject's group (0: a worker's or agent's own state)
+    # Guaranteed, between members: the first seq the sender holds back from its subscribers (not yet known to
+    # be held by two members); 0: none. The receiver holds those back too, until the coordinator confirms them.
+    held: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +388,7 @@ def _encode_body(frame: BusFrame) -> bytes:
         state = frame.state
         snap = state.snapshot
         parts = [
-            _head(Kind.SYNC, (snap is not None) | frame.more << 1 | bool(state.ids) << 2),
+            _head(Kind.SYNC, (snap is not None) | frame.more << 1 | bool(state.ids) << 2 | bool(frame.held) << 3),
             _s(state.subject),
             _Q.pack(state.epoch),
             _Q.pack(state.seq),
@@ -398,6 +401,8 @@ def _encode_body(frame: BusFrame) -> bytes:
         if state.ids:
             parts.append(_U32.pack(len(state.ids)))
             parts.extend(_s(pid) + _Q.pack(epoch) + _Q.pack(seq) for pid, epoch, seq in state.ids)
+        if frame.held:
+            parts.append(_Q.pack(frame.held))
         return b"".join(parts)
     if isinstance(frame, Hello):
         return _head(Kind.HELLO) + _Q.pack(frame.worker) + _b(frame.proof)
@@ -642,7 +647,8 @@ def decode(body: bytes) -> BusFrame:
         ids: tuple[tuple[str, int, int], ...] = ()
         if flag & 4:
             ids = c.ids()
-        frame = SyncSubject(SubjectSync(subject, epoch, seq, snapshot, entries, ids), bool(flag & 2), fence)
+        held = c.u64() if flag & 8 else 0
+        frame = SyncSubject(SubjectSync(subject, epoch, seq, snapshot, entries, ids), bool(flag & 2), fence, held)
     elif kind == Kind.HELLO:
         worker = c.u64()
         frame = Hello(worker, c.raw())
@@ -692,7 +698,7 @@ def decode(body: bytes) -> BusFrame:
     return frame
 
 
-def sync_frames(state: SubjectSync, fence: int = 0) -> Iterable[SyncSubject]:
+def sync_frames(state: SubjectSync, fence: int = 0, held: int = 0) -> Iterable[SyncSubject]:
     """One subject's state as frames of at most about SYNC_CHUNK_BYTES each, sent under epoch ``fence``.
 
     A full cache at ``MaxCachedMessagesPerSubject``'s maximum is megabytes: chunks keep every frame
@@ -700,10 +706,10 @@ def sync_frames(state: SubjectSync, fence: int = 0) -> Iterable[SyncSubject]:
     """
     entries = state.entries
     if not entries:
-        yield SyncSubject(state, False, fence)
+        yield SyncSubject(state, False, fence, held)
         return
     if len(entries) * 64 + sum(len(e.content) for e in entries) < SYNC_CHUNK_BYTES:
-        yield SyncSubject(state, False, fence)
+        yield SyncSubject(state, False, fence, held)
         return
     start, size = 0, 0
     for i, entry in enumerate(entries):
@@ -714,7 +720,10 @@ def sync_frames(state: SubjectSync, fence: int = 0) -> Iterable[SyncSubject]:
             )
             start, size = i + 1, 0
     yield SyncSubject(
-        SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start:], state.ids), False, fence
+        SubjectSync(state.subject, state.epoch, state.seq, state.snapshot, entries[start:], state.ids),
+        False,
+        fence,
+        held,
     )
 
 

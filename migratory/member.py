@@ -194,11 +194,14 @@ class Member:
         self._waiting: list[_Pending] = []  # publications with no reachable coordinator yet
         self._unacked: dict[str, deque[_Unacked]] = {}
         self._unacked_ids: dict[str, tuple[str, int, int]] = {}  # publish id -> (subject, epoch, seq), in flight
+        self._confirmed: dict[str, tuple[int, int]] = {}  # subject -> the (epoch, seq) last confirmed to the peers
         # Guaranteed: applied here, not yet confirmed held by two members of the table (received from the coordinator
         # and acknowledged; or numbered here under an epoch since superseded): kept from the workers, so that no
         # subscriber sees what the cluster can still lose. The group's coordinator's confirmations release them.
         self._unconfirmed: dict[str, deque[Published]] = {}
         self._expect_admission = True  # the next table that adds us is the one we wait for (not a missed exclusion)
+        self._serving_since = 0.0
+        self._has_served = False  # this process was ready once (Guaranteed: it never starts a cluster alone again)
         self._join: tuple[int, int] | None = None  # (request, peer) of the full sync in progress
         self._held: list[tuple[int, BusFrame]] = []  # live frames that arrived while joining
         self._partial: dict[tuple[int, str], list[Entry]] = {}
@@ -277,6 +280,7 @@ class Member:
         if self.serving or not self.ready or self.missing():
             return
         self.serving = True
+        self._serving_since = now
         for member in self.peers:
             self._beat(member, now)
         self.wire.to_workers(self.info())
@@ -290,7 +294,7 @@ class Member:
     def _send_state(self, member: int, subjects: Iterable[str]) -> None:
         """The state of ``subjects`` as it is now (taken in this turn: the frames after it depend on it),
         encoded and written as the peer reads it: a full cache is seconds of encoding and hundreds of MB."""
-        self.wire.stream_to_peer(member, iter(list(self._state_frames(subjects))))
+        self.wire.stream_to_peer(member, iter(list(self._state_frames(subjects, peer=True))))
 
     # --- links ------------------------------------------------------------------------
 
@@ -390,15 +394,44 @@ class Member:
         """Every subject's state, the private ones first (the MQTT session records say what the rest is to cache)."""
         return self._state_frames(private_first(self.replica.subjects()))
 
-    def _state_frames(self, subjects: Iterable[str]) -> Iterator[BusFrame]:
+    def _state_frames(self, subjects: Iterable[str], peer: bool = False) -> Iterator[BusFrame]:
         """The state of ``subjects`` as it is when each is read (each under its group's epoch): a starting
         worker's copy is rendered as the worker (or, shared, the first of the workers) takes it. What a
         worker is sent meanwhile follows the stream on its link: already in the state, it counts as a
-        duplicate; not yet in it, it comes after it, in order."""
+        duplicate; not yet in it, it comes after it, in order.
+
+        Guaranteed mode: a peer gets the whole state and the first seq held back from subscribers here;
+        our workers get it without what is held back (the confirmations release that, in order)."""
         for subject in subjects:
             state = self.replica.sync(subject)
-            if state is not None:
-                yield from sync_frames(state, self.epochs[group_of(subject)])
+            if state is None:
+                continue
+            held = self._held_from(subject)
+            if peer:
+                yield from sync_frames(state, self.epochs[group_of(subject)], held)
+            else:
+                shown = self._without_held(state, held)
+                if shown is not None:
+                    yield from sync_frames(shown)
+
+    def _held_from(self, subject: str) -> int:
+        """Guaranteed: the first seq of ``subject`` held back here from subscribers (0: nothing is)."""
+        firsts = [queue[0].seq for queue in (self._unconfirmed.get(subject), self._unacked.get(subject)) if queue]
+        return min(firsts) if firsts else 0
+
+    @staticmethod
+    def _without_held(state: SubjectSync, held: int) -> SubjectSync | None:
+        """``state`` up to the message before ``held`` (None: nothing of it may be shown yet). Its snapshot
+        stays the whole state's: a worker reads it only when it adopts the state (a resync), never when the
+        state continues its own history, which it builds from the messages."""
+        if not held or held > state.seq:
+            return state
+        kept = tuple(e for e in state.entries if e.seq < held)
+        if not kept or kept[-1].seq != held - 1:
+            return None
+        last = kept[-1]
+        ids = tuple(i for i in state.ids if i[2] < held)
+        return SubjectSync(state.subject, last.epoch, last.seq, state.snapshot, kept, ids)
 
     def worker_down(self, worker: int) -> None:
         self.workers.discard(worker)
@@ -512,19 +545,21 @@ class Member:
         self.counters["acks_in"] += 1
         if member not in self.table.members:
             return  # only a member of the table counts as the second copy
-        queue = self._unacked.get(ack.subject)
         group = group_of(ack.subject)
-        if not queue or ack.epoch != self.epochs[group]:
+        if ack.epoch != self.epochs[group] or self.owner(group) != self.me:
             return
-        released = 0
+        queue = self._unacked.get(ack.subject)
         while queue and queue[0].seq <= ack.seq and queue[0].epoch == ack.epoch:
-            item = queue.popleft()
-            self._release(item)
-            released = item.seq
-        if not queue:
+            self._release(queue.popleft())
+        if queue is not None and not queue:
             del self._unacked[ack.subject]
-        if released:
-            self._confirm(ack.subject, ack.epoch, released, self.peers)
+        # The peer holds our history up to ack.seq: what of it nothing waits for here is held by two members,
+        # released messages and a state's messages that were never ours to wait for alike (a claim merged
+        # them from a peer); the others may deliver it. Told once per point, not once per acknowledgement.
+        upto = min(ack.seq, self.replica.position(ack.subject)[1], queue[0].seq - 1 if queue else ack.seq)
+        if upto > 0 and self._confirmed.get(ack.subject, (0, 0)) < (ack.epoch, upto):
+            self._confirmed[ack.subject] = (ack.epoch, upto)
+            self._confirm(ack.subject, ack.epoch, upto, self.peers)
 
     def _confirm(self, subject: str, epoch: int, seq: int, members: Iterable[int]) -> None:
         """Tell the other members that their copies up to ``seq`` are held by two members: they may deliver them."""
@@ -561,7 +596,7 @@ class Member:
             state = SubjectSync(
                 state.subject, state.epoch, state.seq, state.snapshot, (*earlier, *state.entries), state.ids
             )
-        self._merge(state, now)
+        self._merge(state, now, frame.held if self.s.guaranteed and member >= 0 else None)
         if (
             self.s.guaranteed
             and member >= 0
@@ -586,14 +621,56 @@ class Member:
             return False
         return frame.fence < self.epochs[group_of(frame.state.subject)]
 
-    def _merge(self, state: SubjectSync, now: float) -> None:
+    def _merge(self, state: SubjectSync, now: float, held: int | None = None) -> None:
+        """Fold a peer's (or a worker's) state of a subject into ours; our workers get what may be shown of it.
+
+        Guaranteed, from a peer: ``held`` is the first seq the sender holds back from its subscribers (0:
+        none), so everything before it is held by two members. Our workers get our history up to there,
+        what we held back of it included; what follows waits here until the coordinator confirms it.
+        Shown at once, a joining member's subscribers saw messages that a failure could still take out of
+        the history, and the rest of that history reached them as a resync (tests/test_member_schedules.py).
+        """
+        subject = state.subject
+        before = self._held_from(subject)
+        shown_until = before - 1 if before else self.replica.position(subject)[1]  # what our workers have
         merged = self.replica.merge(state, now)
         if merged.resync:
             self.counters["resyncs"] += 1
-            self._unconfirmed.pop(state.subject, None)  # another history replaced ours: what we held is not in it
-        if merged.changed:
-            for sync in sync_frames(state):
-                self.wire.to_workers(sync)
+            self._unconfirmed.pop(subject, None)  # another history replaced ours: what we held is not in it
+            shown_until = 0
+        if held is None:
+            if merged.changed:
+                for sync in sync_frames(state):
+                    self.wire.to_workers(sync)
+            return
+        durable = held - 1 if held else state.seq
+        mark = next((e.epoch for e in state.entries if e.seq == durable), state.epoch if durable == state.seq else 0)
+        if durable <= 0 or self.replica.epoch_of(subject, durable) != mark:
+            durable = 0  # their history is not ours there: they vouch for nothing of it
+        queue = self._unconfirmed.get(subject)
+        released = bool(queue) and queue[0].seq <= durable
+        while queue and queue[0].seq <= durable:
+            queue.popleft()
+        # what this state brought beyond the durable point, and beyond what our workers have, waits
+        known = {frame.seq for frame in queue} if queue else set()
+        tail = [
+            e
+            for e in state.entries
+            if e.seq > max(durable, shown_until)
+            and e.seq not in known
+            and self.replica.epoch_of(subject, e.seq) == e.epoch
+        ]
+        if tail:
+            waiting = sorted([*(queue or ()), *(Published.of(subject, e, True) for e in tail)], key=lambda f: f.seq)
+            queue = self._unconfirmed[subject] = deque(waiting)
+        if queue is not None and not queue:
+            self._unconfirmed.pop(subject, None)
+        if merged.changed or released:
+            ours = self.replica.sync(subject)
+            shown = self._without_held(ours, self._held_from(subject)) if ours is not None else None
+            if shown is not None:
+                for sync in sync_frames(shown):
+                    self.wire.to_workers(sync)
 
     def _sync_request(self, member: int, request: SyncRequest, now: float) -> None:
         for group, epoch in request.fence:
@@ -759,6 +836,12 @@ class Member:
                 live[j] = p.incarnation
         if self.serving:
             live[self.me] = self.s.incarnation
+            if now - self._serving_since < self.s.heartbeat_timeout:
+                # serving again only just (after a cut-off, a pause, a rejoin): its links to the others may not
+                # be back yet, and what it does not see is no evidence against them
+                for j in table.members:
+                    if j not in live and j != self.me and (j not in self.peers or not self.peers[j].beats):
+                        live[j] = table.incarnation_of(j) or 0
         return live
 
     def _table_frame(self) -> TableFrame:
@@ -793,6 +876,14 @@ class Member:
         for claim in list(self._claims.values()):
             claim.awaiting &= set(table.members)
             self._maybe_complete(claim, now)
+        if self.ready and old.version and set(old.members) - set(table.members):
+            # A member left the table: what it acknowledged has one holder left here. Our state goes to every
+            # member still listed, so that one more failure (another member cut off or paused while the
+            # removed one rejoins) does not take the last copy (tests/test_member_schedules.py).
+            groups = [g for g in range(GROUPS) if self.active[g]]
+            for member in table.members:
+                if member != self.me and member in self.peers:
+                    self._announce(member, groups)
         if claimed:
             self._claim(claimed, table.members, now)
         self._drain_waiting(now)
@@ -820,6 +911,7 @@ class Member:
         self.replica = self._new_replica()
         self._unacked_ids.clear()
         self._unconfirmed.clear()
+        self._confirmed.clear()
         self._expect_admission = True  # the leader will take us back in once we are ready again
         for subject in list(self._unacked):
             for item in self._unacked.pop(subject):
@@ -831,6 +923,7 @@ class Member:
 
     def _become_ready(self, now: float) -> None:
         self.ready = True
+        self._has_served = True
         # one stream for every worker, rendered once as the first of them reads it
         self.wire.stream_to_workers(sorted(self.workers), self._whole_state())
         self.wire.to_workers(self.info())
@@ -941,6 +1034,8 @@ class Member:
             self._answer(pending, Status.FAILED, "no other member is reachable to hold a second copy")
             return
         known = self._unacked_ids.get(frame.publish_id) or self.replica.find_publish(frame.publish_id)
+        if known is not None and self.replica.epoch_of(subject, known[2]) not in (None, known[1]):
+            known = None  # numbered in a history that lost a merge: not in ours, so numbered now
         if known is not None:  # a retry, through any member, of what the cluster numbered already
             self._duplicate(pending, known)
             return
@@ -1083,6 +1178,10 @@ class Member:
         if self.s.guaranteed:
             if not self.leader:
                 return  # in Guaranteed mode only the seeds' leader may start a cluster from nothing
+            if self._has_served:
+                # this process held the cluster's state and dropped it because the cluster moved on without
+                # it: the others hold the history, and starting from nothing would number over it
+                return
         elif any(j < self.me for j in self.peers):
             return
         self._become_ready(now)

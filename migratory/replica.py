@@ -423,7 +423,10 @@ class Replica:
         if self.id_window and sync.ids:
             state = self._states[sync.subject]
             for pid, epoch, seq in sync.ids:
-                self._remember(sync.subject, state, pid, epoch, seq, now)
+                # only the ids of messages in our history: a history that lost the merge numbered messages
+                # that are not in it, and a retry of one must be numbered, not answered as done
+                if self.epoch_of(sync.subject, seq) in (None, epoch) and seq <= state.seq:
+                    self._remember(sync.subject, state, pid, epoch, seq, now)
         return merged
 
     def _merge(self, sync: SubjectSync, now: float) -> Merged:

@@ -348,9 +348,9 @@ def test_guaranteed_a_member_left_out_and_taken_back_unseen_starts_over() -> Non
     member = net.members[2]
     assert member.ready and net.table.admitted_at(2) <= member.table.version
     before = member.table
-    skipped = Table(
-        before.version + 2, before.members, before.epochs, tuple(before.version + 2 for _ in before.members)
-    )
+    # member 2 alone was left out and taken back (the others were admitted long before)
+    admitted = tuple(before.version + 2 if m == 2 else before.admitted_at(m) for m in before.members)
+    skipped = Table(before.version + 2, before.members, before.epochs, admitted, before.incarnations)
     member.set_table(skipped, net.now)
     assert not member.ready and member.counters["readmitted"] == 1
     net.run(5)  # it rejoins from a ready member, and the tables go on
