@@ -648,7 +648,7 @@ class Member:
         if durable <= 0 or self.replica.epoch_of(subject, durable) != mark:
             durable = 0  # their history is not ours there: they vouch for nothing of it
         queue = self._unconfirmed.get(subject)
-        released = bool(queue) and queue[0].seq <= durable
+        released = queue is not None and bool(queue) and queue[0].seq <= durable
         while queue and queue[0].seq <= durable:
             queue.popleft()
         # what this state brought beyond the durable point, and beyond what our workers have, waits
