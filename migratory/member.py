@@ -195,6 +195,7 @@ class Member:
         self._unacked: dict[str, deque[_Unacked]] = {}
         self._unacked_ids: dict[str, tuple[str, int, int]] = {}  # publish id -> (subject, epoch, seq), in flight
         self._confirmed: dict[str, tuple[int, int]] = {}  # subject -> the (epoch, seq) last confirmed to the peers
+        self._asked: dict[int, float] = {}  # group -> when its coordinator was last asked for its state (a hole)
         # Guaranteed: applied here, not yet confirmed held by two members of the table (received from the coordinator
         # and acknowledged; or numbered here under an epoch since superseded): kept from the workers, so that no
         # subscriber sees what the cluster can still lose. The group's coordinator's confirmations release them.
@@ -231,6 +232,7 @@ class Member:
                 "acks_in",
                 "publish_failed",
                 "resumed",
+                "holes",
             ),
             0,
         )
@@ -515,6 +517,15 @@ class Member:
         if frame.epoch != self.epochs[group]:
             self.counters["stale_dropped"] += 1  # an old coordinator (fenced), or a fence we have not seen yet
             return
+        if self.s.guaranteed:
+            at = self.replica.position(frame.subject)[1]
+            if at and frame.seq > at + 1:
+                # A hole: what came before it reached us neither live nor in a state (we joined from a member
+                # that lagged behind the coordinator's stream). Applied, it would be acknowledged as a copy of
+                # a history we do not hold, and our subscribers resynced; so it is not, and the coordinator's
+                # own state of the group (which has it) is asked for once, and fills the hole.
+                self._ask_state(member, group, now)
+                return
         outcome = self.replica.apply(frame.subject, frame.entry(), now)
         if outcome is not Applied.DUPLICATE:
             self.counters["replicated_in"] += 1
@@ -532,6 +543,14 @@ class Member:
             return
         if self.s.guaranteed:
             self.wire.to_peer(member, Ack(frame.subject, frame.epoch, frame.seq))
+
+    def _ask_state(self, member: int, group: int, now: float) -> None:
+        """Ask ``member`` (the group's coordinator) for its state of ``group``, at most once a heartbeat interval."""
+        if now - self._asked.get(group, -1e9) < self.s.heartbeat_interval:
+            return
+        self._asked[group] = now
+        self.counters["holes"] += 1
+        self.wire.to_peer(member, SyncRequest(self._request(), ((group, self.epochs[group]),)))
 
     def _is_confirmation(self, member: int, ack: Ack) -> bool:
         """An Ack from the member that issued its epoch: that coordinator's word that a second member holds
@@ -619,7 +638,12 @@ class Member:
             return False
         if self._join is not None and self._join[1] == member:
             return False
-        return frame.fence < self.epochs[group_of(frame.state.subject)]
+        group = group_of(frame.state.subject)
+        if self.active[group] and self.owner(group) == self.me:
+            # we coordinate it and our claim is complete: the state of a member it did not wait for (left out
+            # of the table meanwhile) arrives late, with what that member numbered alone
+            return True
+        return frame.fence < self.epochs[group]
 
     def _merge(self, state: SubjectSync, now: float, held: int | None = None) -> None:
         """Fold a peer's (or a worker's) state of a subject into ours; our workers get what may be shown of it.

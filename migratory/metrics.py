@@ -256,6 +256,8 @@ def _cluster_families(document: Mapping[str, Any]) -> list[Metric]:
         "publish_failed": "Publications answered FAILED by this member's agent.",
         "resumed": "Standard mode: times this member resumed after a pause longer than the heartbeat timeout and "
         "rejoined (its peers had given it up).",
+        "holes": "Guaranteed mode: live messages that came past a hole in this member's history, filled from the "
+        "coordinator's state.",
     }
     counters = document.get("counters", {})
     for key, text in names.items():
