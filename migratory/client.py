@@ -46,8 +46,8 @@ from types import TracebackType
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import WebSocketException
-from websockets.typing import Subprotocol
+from websockets.exceptions import ConnectionClosedOK, WebSocketException
+from websockets.typing import Data, Subprotocol
 
 from migratory import protocol as p
 from migratory.message import MessageType
@@ -436,8 +436,25 @@ class MigratoryClient:
         self._positions[subject] = (frame.epoch, frame.seq)
         return True
 
+    async def _next(self, ws: ClientConnection, keepalive: float) -> Data:
+        """The server's next message; with its keep-alive (protocol version 3) known, a server silent for longer
+        than it promised, plus a second, is taken for hung (a paused cluster member sends nothing and closes
+        nothing): the connection is cut at once and the client fails over."""
+        if not keepalive:
+            return await ws.recv()
+        try:
+            return await asyncio.wait_for(ws.recv(), keepalive + 1.0)
+        except TimeoutError:
+            ws.transport.abort()  # a close handshake would wait for the hung peer
+            raise ConnectionError(f"no word from the server for {keepalive + 1.0:.1f} s (its keep-alive)") from None
+
     async def _read(self, ws: ClientConnection, server: _Server) -> None:
-        async for raw in ws:
+        keepalive = 0.0
+        while True:
+            try:
+                raw = await self._next(ws, keepalive)
+            except ConnectionClosedOK:
+                return
             if isinstance(raw, str):
                 raise p.DecodeError("server sent a text message")
             frame = p.decode_server(raw)
@@ -473,6 +490,8 @@ class MigratoryClient:
                     )
                 )
             elif isinstance(frame, p.Notify):
+                if frame.code is p.NotifyCode.KEEPALIVE:
+                    continue
                 if frame.code is p.NotifyCode.DATA_RESYNC:
                     self._positions.pop(frame.subject, None)  # the snapshot that follows starts afresh
                     await self._emit(StatusEvent(EventKind.NOTIFY_DATA_RESYNC, subject=frame.subject))
@@ -484,6 +503,7 @@ class MigratoryClient:
                 self.session = frame.session
                 self.server = server.url
                 self.max_message_size = frame.max_message_size
+                keepalive = frame.keepalive_ms / 1000.0
                 server.failures = 0
                 await self._resubscribe(ws)
                 self._connected.set()

@@ -258,6 +258,16 @@ def _parse_workers(text: str) -> int:
     return int(value)
 
 
+def _parse_server_keep_alive(text: str) -> int:
+    """``auto`` (-1 here: resolved by :attr:`Config.server_keep_alive_ms`), 0 (off) or milliseconds from 1000."""
+    value = text.strip()
+    if value.lower() == "auto":
+        return -1
+    if not value.isdigit() or (value != "0" and not 1000 <= int(value) <= 3_600_000):
+        raise ValueError(f"expected auto, 0 or milliseconds from 1000 to 3600000, got {text!r}")
+    return int(value)
+
+
 def _parse_entitlement(text: str) -> str:
     for value in ("None", "Basic", "JWT", "Custom"):
         if value.lower() == text.strip().lower():
@@ -422,6 +432,16 @@ class Config:
         _int_parser(1000),
         "Milliseconds the server waits for any data (a pong at least) after a ping before "
         "closing the connection as dead.",
+    )
+    server_keep_alive: int = key(
+        "ServerKeepAlive",
+        -1,
+        _parse_server_keep_alive,
+        "Milliseconds a native client (protocol version 3) may go without hearing from the server: past it, "
+        "it takes the server for hung and fails over to another of its list. The server sends a small NOTIFY "
+        "to a connection that was sent nothing for a third of it. auto: ClusterHeartbeatTimeout in a "
+        "cluster, 0 (off) on a node alone; 0 turns it off.",
+        shown="auto",
     )
     handshake_timeout: int = key(
         "HandshakeTimeout",
@@ -761,6 +781,13 @@ class Config:
     def from_mapping(cls, mapping: Mapping[str, str]) -> Config:
         """Build from ``{"Key": "value"}`` pairs (handy in tests and embedding)."""
         return cls.from_text("\n".join(f"{k} = {v}" for k, v in mapping.items()), "<mapping>")
+
+    @property
+    def server_keep_alive_ms(self) -> int:
+        """``ServerKeepAlive`` resolved: ``auto`` is ClusterHeartbeatTimeout in a cluster, off on a node alone."""
+        if self.server_keep_alive >= 0:
+            return self.server_keep_alive
+        return self.cluster_heartbeat_timeout if self.cluster_members else 0
 
     @property
     def worker_count(self) -> int:

@@ -1276,8 +1276,24 @@ class Member:
             return False, "not yet admitted to the cluster's table by the seed members"
         return True, ""
 
+    def isolated(self) -> str:
+        """Guaranteed: why this member sends its clients to the other members ("" when it does not). A member that
+        served and then lost the seeds' majority (cut off), resumed behind the others after a pause, or lost its
+        place in the table cannot acknowledge a publication, and its subscribers would wait out the fault: on
+        the majority's side they are served, and recover what they missed from its caches."""
+        if not self.s.guaranteed or not self._has_served:
+            return ""
+        if not self.ready:
+            return "this member lost its place in the cluster and is rejoining"
+        if self._resumed_at is not None:
+            return "this member resumed after a pause and waits for the seed members"
+        if not self.quorum:
+            return "this member is cut off from the majority of the seed members"
+        return ""
+
     def info(self) -> ClusterInfo:
-        return ClusterInfo(self.readiness()[0], json.dumps(self.describe(), separators=(",", ":")).encode())
+        ready = self.readiness()[0] and not self.isolated()
+        return ClusterInfo(ready, json.dumps(self.describe(), separators=(",", ":")).encode())
 
     def describe(self) -> dict[str, Any]:
         """This member's view of the cluster, for /health, /cluster and `migratory cluster status`."""
@@ -1289,6 +1305,7 @@ class Member:
             "healthy": healthy,
             "reason": reason,
             "missing": self.missing(),
+            "isolated": self.isolated(),
             "mode": "Guaranteed" if self.s.guaranteed else "Standard",
             "quorum": self.quorum,
             "leader": self.leader,

@@ -1,4 +1,4 @@
-"""The native protocol, versions 1 and 2: binary messages carried in WebSocket binary frames.
+"""The native protocol, versions 1 to 3: binary messages carried in WebSocket binary frames.
 
 Both directions are encoded and decoded here, without I/O, so the server, the
 client library and the tests share one codec (specified in docs/protocol.md).
@@ -11,7 +11,10 @@ nothing is base64-encoded and the overhead per delivered message is constant.
 Version 2 adds what failover needs: SUBSCRIBE may carry the last ``(epoch, seq)`` the
 client saw of each subject, PUBLISH a publish id that makes retries idempotent,
 MESSAGE a RECOVERED flag, and the server's NOTIFY (data in sync / resynchronised).
-A server speaks both; a version 1 session never receives a version 2 message.
+Version 3 adds the server's keep-alive: CONNECTED says how long the server may stay silent, and
+NOTIFY ``KEEPALIVE`` breaks a longer silence, so a client notices a server that hangs (a paused
+cluster member) and fails over. A server speaks every version; a session never receives a
+message of a later version than the one it spoke in CONNECT.
 """
 
 from __future__ import annotations
@@ -51,8 +54,8 @@ __all__ = [
     "encode_unsubscribe",
 ]
 
-PROTOCOL_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+PROTOCOL_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 # Limits that keep a hostile frame from making the decoder allocate without bound.
 MAX_FIELDS = 1024
@@ -94,6 +97,7 @@ class NotifyCode(enum.IntEnum):
 
     DATA_SYNC = 1  # after a resubscription: the missed messages (if any) were sent, none is missing
     DATA_RESYNC = 2  # the missed messages are gone: the current snapshot follows
+    KEEPALIVE = 3  # version 3: the server is alive; nothing else was sent for a while (the subject is empty)
 
 
 # flag bits
@@ -147,12 +151,14 @@ class Publish:
 
 @dataclass(frozen=True, slots=True)
 class Connected:
-    """``max_message_size`` (version 2): the server's MessageSizeLimit, so a client refuses bigger ones itself."""
+    """``max_message_size`` (version 2): the server's MessageSizeLimit, so a client refuses bigger ones itself.
+    ``keepalive_ms`` (version 3): the longest the server stays silent on this connection (0: no promise)."""
 
     version: int
     session: str
     epoch: int
     max_message_size: int = 0
+    keepalive_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,9 +415,15 @@ def decode_client(data: bytes) -> ClientFrame:
 # --- server -> client ------------------------------------------------------------------
 
 
-def encode_connected(session: str, epoch: int, version: int = PROTOCOL_VERSION, max_message_size: int = 0) -> bytes:
+def encode_connected(
+    session: str, epoch: int, version: int = PROTOCOL_VERSION, max_message_size: int = 0, keepalive_ms: int = 0
+) -> bytes:
     head = bytes((Op.CONNECTED,)) + _varint(version) + _string(session) + _varint(epoch)
-    return head + _varint(max_message_size) if version >= 2 else head
+    if version >= 2:
+        head += _varint(max_message_size)
+    if version >= 3:
+        head += _varint(keepalive_ms)
+    return head
 
 
 def encode_subscribe_status(status: Status, subject: str, reason: str = "") -> bytes:
@@ -497,8 +509,9 @@ def decode_server(data: bytes) -> ServerFrame:
         session = r.string("session")
         epoch = r.varint("epoch")
         limit = r.varint("message size limit") if version >= 2 else 0
+        keepalive = r.varint("keep-alive") if version >= 3 else 0
         r.end()
-        return Connected(version, session, epoch, limit)
+        return Connected(version, session, epoch, limit, keepalive)
     if op == Op.SUBSCRIBE_STATUS:
         status = _status(r.byte("status"))
         subject = r.string("subject")

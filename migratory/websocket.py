@@ -20,6 +20,7 @@ __all__ = [
     "CLOSE_NORMAL",
     "CLOSE_POLICY_VIOLATION",
     "CLOSE_PROTOCOL_ERROR",
+    "CLOSE_TRY_AGAIN_LATER",
     "CLOSE_UNSUPPORTED_DATA",
     "OP_BINARY",
     "OP_CLOSE",
@@ -58,6 +59,7 @@ CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_MESSAGE_TOO_BIG = 1009
+CLOSE_TRY_AGAIN_LATER = 1013  # this server cannot serve now: reconnect, to another server of the list
 
 
 class WebSocketError(Exception):

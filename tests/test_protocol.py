@@ -46,7 +46,12 @@ def test_delivery_round_trip(
 
 
 def test_status_frames_round_trip() -> None:
-    assert p.decode_server(p.encode_connected("1-2", 3, max_message_size=9)) == p.Connected(2, "1-2", 3, 9)
+    assert p.decode_server(p.encode_connected("1-2", 3, max_message_size=9, keepalive_ms=3000)) == p.Connected(
+        3, "1-2", 3, 9, 3000
+    )
+    assert p.decode_server(p.encode_connected("1-2", 3, version=2, max_message_size=9, keepalive_ms=3000)) == (
+        p.Connected(2, "1-2", 3, 9)  # a version 2 session hears of no keep-alive
+    )
     assert p.decode_server(p.encode_connected("1-2", 3, version=1)) == p.Connected(1, "1-2", 3)
     assert p.decode_server(p.encode_subscribe_status(p.Status.DENIED, "/a/b", "no")) == p.SubscribeStatus(
         p.Status.DENIED, "/a/b", "no"
@@ -55,7 +60,8 @@ def test_status_frames_round_trip() -> None:
         p.Status.NO_SUBSCRIBER, "c1", ""
     )
     assert p.decode_server(p.encode_error(p.Status.TOO_LARGE, "big")) == p.ErrorNotice(p.Status.TOO_LARGE, "big")
-    assert p.decode_client(p.encode_connect("tok")) == p.Connect(2, "tok")
+    assert p.decode_client(p.encode_connect("tok")) == p.Connect(3, "tok")
+    assert p.decode_server(p.encode_notify(p.NotifyCode.KEEPALIVE, "")) == p.Notify(p.NotifyCode.KEEPALIVE, "")
     assert p.decode_server(p.encode_notify(p.NotifyCode.DATA_RESYNC, "/a/b")) == p.Notify(
         p.NotifyCode.DATA_RESYNC, "/a/b"
     )

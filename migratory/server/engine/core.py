@@ -160,6 +160,10 @@ class Engine:
         self.access_log = access_log
         self.message_log = message_log
         self.max_message_size = config.message_size_limit
+        # protocol version 3: the longest this server stays silent on a connection (0: no promise), and the
+        # NOTIFY that breaks a silence, built once
+        self.keepalive_ms = config.server_keep_alive_ms
+        self.keepalive_frame = build_frame(OP_BINARY, encode_notify(NotifyCode.KEEPALIVE, ""))
         self.batching_size = config.batching_size
         self.max_pending = config.max_pending_output
         self.drop_slow = config.slow_consumer_policy.value == "Drop"
@@ -251,6 +255,16 @@ class Engine:
         for writer in (self.access_log, self.message_log):
             if writer is not None:
                 writer.close()
+
+    def send_away(self, reason: str) -> None:
+        """The member cannot serve (docs/cluster.md, "An isolated member"): every client is closed with a reason
+        it acts on at once (WebSocket 1013, MQTT 5 DISCONNECT 0x9C), and reconnects to another member."""
+        clients = list(self.connections)
+        for conn in clients:
+            conn.send_away(reason)
+        self.fanout.flush_dirty()
+        if clients:
+            log.warning("worker %d: %s: sent %d clients to the other members", self.worker, reason, len(clients))
 
     # --- HTTP streams -----------------------------------------------------------------
 
@@ -620,10 +634,14 @@ class Engine:
         elif isinstance(frame, ClusterInfo):
             self._agent_ready = frame.ready
             self._agent_said = self.loop.time()
+            was = self.cluster_info.get("isolated", "")
             try:
                 self.cluster_info = dict(json.loads(frame.document))
             except (ValueError, TypeError):
                 self.cluster_info = {}
+            isolated = self.cluster_info.get("isolated", "")
+            if isolated and not was:
+                self.send_away(str(isolated))
 
     def _merge(self, frame: SyncSubject) -> None:
         """Another replica's state of a subject: deliver what we missed, or resync our subscribers."""

@@ -100,6 +100,9 @@ class Client(Protocol):
     def shutdown(self) -> None:
         """Close politely: the server is stopping."""
 
+    def send_away(self, reason: str) -> None:
+        """Close politely so that the client reconnects at once, to another member of its list."""
+
     def abort(self, reason: str) -> None:
         """Close at once."""
 

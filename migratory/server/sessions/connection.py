@@ -30,6 +30,7 @@ from migratory.websocket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
     CLOSE_POLICY_VIOLATION,
+    CLOSE_TRY_AGAIN_LATER,
     CLOSE_UNSUPPORTED_DATA,
     OP_BINARY,
     OP_CLOSE,
@@ -73,6 +74,7 @@ class Connection(Session, asyncio.Protocol):
         "connected",
         "deadline",
         "inbuf",
+        "ka_mark",
         "last_rx",
         "listener",
         "msgs_in",
@@ -108,6 +110,7 @@ class Connection(Session, asyncio.Protocol):
         self.last_rx = 0.0
         self.deadline = 0.0
         self.ping_sent = 0.0
+        self.ka_mark = -1  # msgs_out at the last keep-alive check (protocol version 3); -1: none yet
         self.msgs_in = 0
         self.msgs_out = 0
         self.bytes_in = 0
@@ -257,6 +260,13 @@ class Connection(Session, asyncio.Protocol):
             self.flush()
         self.close("server_shutdown")
 
+    def send_away(self, reason: str) -> None:
+        """This member cannot serve (cut off from the cluster's majority): close 1013, so the client goes elsewhere."""
+        if self.state == _WS:
+            self.send(build_close(CLOSE_TRY_AGAIN_LATER, reason[:100]))
+            self.flush()
+        self.close("sent_away")
+
     # --- timers -----------------------------------------------------------------------
 
     def on_timer(self, now: float) -> None:
@@ -298,6 +308,12 @@ class Connection(Session, asyncio.Protocol):
                 next_check = now + timeout
             else:
                 next_check = self.last_rx + interval
+        if engine.keepalive_ms and self.version >= 3 and self.hello:
+            # nothing sent since the last check (a third of the promised silence ago): a NOTIFY says we live
+            if self.msgs_out == self.ka_mark:
+                self.send(engine.keepalive_frame)
+            self.ka_mark = self.msgs_out
+            next_check = min(next_check, now + engine.keepalive_ms / 3000.0)
         if self.token_expiry:
             next_check = min(next_check, now + max(0.0, self.token_expiry - time.time()))
         engine.schedule(self, next_check)
@@ -693,13 +709,22 @@ class StreamConnection(Connection):
     def shutdown(self) -> None:
         self.close("server_shutdown")
 
+    def send_away(self, reason: str) -> None:
+        self.close("sent_away")  # an HTTP stream's end: the client opens another, on another member
+
     def on_timer(self, now: float) -> None:
         """No pings to answer on a stream: a zero-length frame every KeepAliveInterval keeps proxies from cutting it."""
         engine = self.engine
         if self.token_expiry and time.time() >= self.token_expiry:
             self.revoke_subscriptions()
-        self.send(build_frame(OP_PING, b""))
         next_check = now + engine.config.keep_alive_interval / 1000.0
+        if engine.keepalive_ms and self.version >= 3 and self.hello:
+            if self.msgs_out == self.ka_mark:
+                self.send(engine.keepalive_frame)  # protocol version 3: the client's watchdog hears it
+            self.ka_mark = self.msgs_out
+            next_check = min(next_check, now + engine.keepalive_ms / 3000.0)
+        else:
+            self.send(build_frame(OP_PING, b""))
         if self.token_expiry:
             next_check = min(next_check, now + max(0.0, self.token_expiry - time.time()))
         engine.schedule(self, next_check)

@@ -990,6 +990,14 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         self.will = None
         self.close("server_shutdown")
 
+    def send_away(self, reason: str) -> None:
+        """This member cannot serve: version 5 clients hear "use another server" (0x9C); the session, kept in
+        the cluster, is resumed on the member they reach, and the will is not published (the client lives)."""
+        if self.state == _CONNECTED and self.level == 5:
+            self._queue(m.encode_disconnect(m.Rc.USE_ANOTHER_SERVER, reason[:100]))
+        self.will = None
+        self.close("sent_away")
+
     def _publish_will(self) -> None:
         """The last will: now, or after its delay interval (MQTT 5) unless the client id came back meanwhile."""
         will, self.will = self.will, None

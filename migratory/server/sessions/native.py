@@ -137,7 +137,12 @@ class Session(ConnectionBase):
                 self.set_token(msg.token)
             self.hello = True
             self.version = msg.version
-            self.send(_frame(p.encode_connected(self.session, engine.epoch, msg.version, engine.max_message_size)))
+            connected = p.encode_connected(
+                self.session, engine.epoch, msg.version, engine.max_message_size, engine.keepalive_ms
+            )
+            self.send(_frame(connected))
+            if engine.keepalive_ms and msg.version >= 3:  # the keep-alive's first check, sooner than a ping's
+                engine.schedule(self.connection, engine.loop.time() + engine.keepalive_ms / 3000.0)
 
     @property
     def connection(self) -> Client:
