@@ -114,6 +114,9 @@ MessageListener = Callable[[ClientMessage], Awaitable[None] | None]
 StatusListener = Callable[[StatusEvent], Awaitable[None] | None]
 
 
+KEEPALIVE_MARGIN = 0.5  # s past the server's keep-alive before a silent server is taken for hung
+
+
 @dataclass(slots=True)
 class _Server:
     url: str
@@ -438,15 +441,16 @@ class MigratoryClient:
 
     async def _next(self, ws: ClientConnection, keepalive: float) -> Data:
         """The server's next message; with its keep-alive (protocol version 3) known, a server silent for longer
-        than it promised, plus a second, is taken for hung (a paused cluster member sends nothing and closes
+        than it promised, plus half a second, is taken for hung (a paused cluster member sends nothing and closes
         nothing): the connection is cut at once and the client fails over."""
         if not keepalive:
             return await ws.recv()
         try:
-            return await asyncio.wait_for(ws.recv(), keepalive + 1.0)
+            return await asyncio.wait_for(ws.recv(), keepalive + KEEPALIVE_MARGIN)
         except TimeoutError:
             ws.transport.abort()  # a close handshake would wait for the hung peer
-            raise ConnectionError(f"no word from the server for {keepalive + 1.0:.1f} s (its keep-alive)") from None
+            silent = keepalive + KEEPALIVE_MARGIN
+            raise ConnectionError(f"no word from the server for {silent:.1f} s (its keep-alive)") from None
 
     async def _read(self, ws: ClientConnection, server: _Server) -> None:
         keepalive = 0.0

@@ -561,7 +561,7 @@ def failover_cmd(
         1, "--first-round", min=1, help="Number (and seed) of the first round: runs split over processes."
     ),
     fault: list[str] = typer.Option(
-        [], "--fault", help="Faults to inject (repeatable; default: all but partition-member without root)."
+        [], "--fault", help="Faults to inject (repeatable; default: all but the partitions without root)."
     ),
     size: int = typer.Option(3, "--members", min=3, help="Cluster members."),
     mode: list[str] = typer.Option(
@@ -586,7 +586,7 @@ def failover_cmd(
     from migratory.bench import failover as fo
     from migratory.bench.netns import available
 
-    faults = fault or [f for f in fo.FAULTS if f != "partition-member" or available()]
+    faults = fault or [f for f in fo.FAULTS if f not in fo.PARTITIONS or available()]
     unknown = [f for f in faults if f not in fo.FAULTS]
     if unknown:
         _console.print(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(fo.FAULTS)}", markup=False)
@@ -601,8 +601,8 @@ def failover_cmd(
         _console.print(f"--prefill: SUBJECTSxMESSAGES, for example 200x60, not {prefill!r}", markup=False)
         raise typer.Exit(2) from None
     settings: dict[str, Any] = dict(fo.DEFAULTS) if defaults else {}
-    if "partition-member" in faults and not available():
-        _console.print("partition-member needs root, iproute2 and nftables", markup=False)
+    if set(faults) & set(fo.PARTITIONS) and not available():
+        _console.print("the partitions need root, iproute2 and nftables", markup=False)
         raise typer.Exit(2)
     results: list[fo.RoundResult] = []
     failed = False
@@ -635,6 +635,7 @@ def failover_cmd(
             _console.print(
                 f"round {n + 1} {round_mode:10} {name:20} {mark} acked {result.acked:5} unacked {result.unacked:3} "
                 f"gap max {max(result.gaps, default=0):.3f} s ack gap max {max(result.ack_gaps, default=0):.3f} s "
+                f"victim's clients {max(result.victim_gaps, default=0):.3f} s "
                 f"recovered {sum(result.recovered):4} mqtt {result.mqtt_received}/{result.mqtt_reconnections} "
                 f"({result.seconds:.1f} s)"
             )

@@ -1,6 +1,6 @@
 // Type declarations of migratory.js, the JavaScript client (docs/clients.md).
 
-export declare const PROTOCOL_VERSION: 2;
+export declare const PROTOCOL_VERSION: 3;
 export declare const DEFAULT_WEIGHT: 100;
 
 export declare const Status: Readonly<{

@@ -1,6 +1,6 @@
 // The JavaScript client of the MigratoryData-class server: browsers and Node, no dependencies.
 //
-// It speaks the native protocol, version 2 (docs/protocol.md), with the same API and the
+// It speaks the native protocol, version 3 (docs/protocol.md), with the same API and the
 // same behaviour as the Python client (migratory/client.py): a list of servers with weights,
 // a member picked at random by weight, reconnection to another member with exponential
 // backoff and jitter, resubscription with the position (epoch, seq) of the last message
@@ -19,7 +19,7 @@
 //   await client.subscribe(["/Stocks/NYSE/IBM"]);
 //   await client.publish("/Stocks/NYSE/IBM", "193", { fields: { volume: "6.62M" } });
 
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
 export const DEFAULT_WEIGHT = 100;
 
 export const Status = Object.freeze({
@@ -231,8 +231,9 @@ export function decodeServer(data) {
       const session = r.string("session");
       const epoch = r.varint("epoch");
       const maxMessageSize = version >= 2 ? r.varint("message size limit") : 0;
+      const keepaliveMs = version >= 3 ? r.varint("keep-alive") : 0;
       r.end();
-      return { op: "CONNECTED", version, session, epoch, maxMessageSize };
+      return { op: "CONNECTED", version, session, epoch, maxMessageSize, keepaliveMs };
     }
     case Op.SUBSCRIBE_STATUS: {
       const status = r.byte("status");
@@ -252,8 +253,8 @@ export function decodeServer(data) {
       const code = r.byte("code");
       const subject = r.string("subject");
       r.end();
-      if (code !== 1 && code !== 2) throw new DecodeError(`unknown notify code ${code}`);
-      return { op: "NOTIFY", code: code === 1 ? "DATA_SYNC" : "DATA_RESYNC", subject };
+      if (code !== 1 && code !== 2 && code !== 3) throw new DecodeError(`unknown notify code ${code}`);
+      return { op: "NOTIFY", code: ["", "DATA_SYNC", "DATA_RESYNC", "KEEPALIVE"][code], subject };
     }
     case Op.ERROR: {
       const status = r.varint("status");
@@ -626,15 +627,22 @@ export class MigratoryClient {
           finish("no answer to CONNECT in time", false);
         }
       }, this.requestTimeout);
+      // protocol version 3: a server silent for longer than its keep-alive, plus half a second, is taken for hung
+      // (a paused cluster member closes nothing): the transport is closed and another member is tried
+      let keepalive = 0;
+      let heard = Date.now();
+      let watchdog = null;
       const finish = (reason, opened) => {
         if (settled) return;
         settled = true;
         clearTimeout(openTimer);
+        if (watchdog) clearInterval(watchdog);
         resolve({ up, opened: opened || up, reason });
       };
       transport.onopen = () => transport.send(encodeConnect(this.token));
       transport.onclose = (reason, opened) => finish(reason, opened);
       transport.onmessage = (bytes) => {
+        heard = Date.now();
         let frame;
         try {
           frame = decodeServer(bytes);
@@ -650,6 +658,15 @@ export class MigratoryClient {
           this.server = server.url;
           this.transportName = transport.name;
           this.maxMessageSize = frame.maxMessageSize;
+          keepalive = frame.keepaliveMs;
+          if (keepalive) {
+            watchdog = setInterval(() => {
+              if (Date.now() - heard > keepalive + 500) {
+                transport.close();
+                finish(`no word from the server for ${((keepalive + 500) / 1000).toFixed(1)} s (its keep-alive)`, true);
+              }
+            }, 250);
+          }
           this.resubscribe();
           this.connected = true;
           for (const entry of this.connectedWaiters.splice(0)) {
@@ -756,6 +773,7 @@ export class MigratoryClient {
         return;
       }
       case "NOTIFY":
+        if (frame.code === "KEEPALIVE") return;
         if (frame.code === "DATA_RESYNC") {
           this.positions.delete(frame.subject); // the snapshot that follows starts afresh
           this.emit({ kind: EventKind.NOTIFY_DATA_RESYNC, subject: frame.subject });

@@ -168,7 +168,14 @@ def _check_one(
                 break
             last[publisher] = n
         if guaranteed and history.resynced(subject):
-            out.append(f"{subject}: resynchronised (NOTIFY_DATA_RESYNC) instead of recovered")
+            first = min(
+                t for kind, what, t in history.notices if kind == EventKind.NOTIFY_DATA_RESYNC.value and what == subject
+            )
+            away = any(kind == EventKind.NOTIFY_SERVER_DOWN.value and t <= first for kind, _, t in history.notices)
+            out.append(
+                f"{subject}: resynchronised (NOTIFY_DATA_RESYNC) instead of recovered"
+                + ("" if away else ", by a member it never disconnected from")
+            )
     for subject, published in acked.items() if lossless else ():
         got = set(history.contents(subject, updates_only=False))
         lost = [c for c, when in published if when >= history.subscribed_at and c not in got]

@@ -34,7 +34,7 @@ from migratory.bench.cluster import LocalCluster
 from migratory.bench.mqttobserver import MqttObserver, check_mqtt
 from migratory.bench.mqttobserver import available as mqtt_available
 from migratory.bench.netns import Namespaces
-from migratory.client import MigratoryClient
+from migratory.client import EventKind, MigratoryClient
 from migratory.groups import group_of
 from migratory.protocol import Status
 
@@ -56,8 +56,14 @@ FAULTS = (
     "stop-leader",
     "rolling-restart",
     "kill-rejoined",
+    "partition-leader",
+    "partition-follower",
+    "pause-long",
+    "pause-during-rejoin",
+    "partition-during-rejoin",
 )
-GUARANTEED_ONLY = ("lose-seed-majority", "kill-leader", "stop-leader")  # faults of the seeds' consensus
+GUARANTEED_ONLY = ("lose-seed-majority", "kill-leader", "stop-leader", "partition-leader")  # the seeds' consensus
+PARTITIONS = ("partition-member", "partition-leader", "partition-follower", "partition-during-rejoin")
 # Standard mode loses nothing acknowledged when no coordinator crashes or is cut off (docs/cluster.md)
 STANDARD_LOSSLESS = ("kill-member", "kill-worker", "rolling-restart")
 HEALTH_PROBE_TIMEOUT = 5.0  # s a member whose /health says ready gets to deliver and answer a probe
@@ -87,6 +93,10 @@ class RoundResult:
     seconds: float = 0.0
     victim: int = -1
     ack_gaps: list[float] = field(default_factory=list)  # per publisher loop: longest wait between two acks
+    # the clients on the faulted member when the fault began: the longest each went without a message
+    victim_gaps: list[float] = field(default_factory=list)
+    victim_clients: int = 0  # how many clients the faulted member had when the fault began
+    victim_moved: int = 0  # of those, how many were served by another member before the fault ended
     mqtt_received: int = 0  # what the MQTT observer (Guaranteed rounds) got, redeliveries included
     mqtt_reconnections: int = 0  # how often it came back on another member with its session
 
@@ -168,7 +178,7 @@ async def run_round(
     rng = random.Random(seed)
     say = log or (lambda _: None)
     started = time.monotonic()
-    namespaces = Namespaces(size) if fault == "partition-member" else None
+    namespaces = Namespaces(size) if fault in PARTITIONS else None
     extra = {"ClusterSeedMemberCount": str(seeds)} if seeds else {}
     try:
         cluster = LocalCluster(
@@ -236,12 +246,18 @@ async def _round(
     pause = max(2.0, 2.5 * heartbeat_timeout / 1000)
     victim = coordinator
     probes: list[str] = []  # what a member's /health promised and the member could not do
-    fault_at = time.monotonic()
-    if fault in ("kill-leader", "stop-leader"):
+    if fault in ("kill-leader", "stop-leader", "partition-leader"):
         victim = await loop.run_in_executor(None, _leader_of, cluster)
         say(f"{fault}: member {victim + 1} leads the seed members")
+    elif fault == "partition-follower" and mode == "Guaranteed":
+        leader = await loop.run_in_executor(None, _leader_of, cluster)
+        victim = coordinator if coordinator != leader else rng.choice([i for i in range(size) if i != leader])
+        say(f"{fault}: member {victim + 1} (not the seeds' leader)")
     else:
         say(f"{fault}: member {victim + 1} coordinates {subjects[0]}")
+    fault_at = time.monotonic()
+    on_victim = [r for r in recorders if r.client.server == cluster[victim].ws_url]
+    long_pause = 3 * heartbeat_timeout / 1000  # three failure-detector timeouts: the others have moved on
     if fault in ("kill-coordinator", "kill-leader"):
         await loop.run_in_executor(None, cluster.kill, victim)
         await asyncio.sleep(pause)
@@ -279,14 +295,39 @@ async def _round(
         await asyncio.sleep(pause)
         cluster.signal(victim, 18)  # SIGCONT
         await _probe_when_ready(cluster, victim, mode, probes)
-    elif fault == "partition-member":
+    elif fault in ("partition-member", "partition-leader", "partition-follower"):
         assert namespaces is not None
-        namespaces.partition(victim)
+        namespaces.partition(victim)  # its cluster links and consensus cut; its clients still reach it
         await asyncio.sleep(pause)
         namespaces.heal(victim)
         # A Standard member cut off stays ready on its side (both sides serve, docs/cluster.md): what it is
         # promised to do again is checked once its links are back, as the members' own view says
         await loop.run_in_executor(None, cluster.wait_view, victim, set(range(size)), 60.0)
+        await _probe_when_ready(cluster, victim, mode, probes)
+    elif fault == "pause-long":  # the whole member, agent included
+        cluster.signal(victim, 19)
+        await asyncio.sleep(long_pause)
+        cluster.signal(victim, 18)
+        await _probe_when_ready(cluster, victim, mode, probes)
+    elif fault in ("pause-during-rejoin", "partition-during-rejoin"):
+        # two faults overlapping: a member restarts, and while it rejoins another one stops or is cut off
+        rejoining = victim
+        victim = rng.choice([i for i in range(size) if i != rejoining])
+        await loop.run_in_executor(None, cluster.kill, rejoining)
+        await asyncio.sleep(pause)
+        await loop.run_in_executor(None, cluster.start, rejoining)
+        say(f"{fault}: member {rejoining + 1} restarted; member {victim + 1} faulted while it rejoins")
+        on_victim = [r for r in recorders if r.client.server == cluster[victim].ws_url]
+        if fault == "pause-during-rejoin":
+            cluster.signal(victim, 19)
+            await asyncio.sleep(long_pause)
+            cluster.signal(victim, 18)
+        else:
+            assert namespaces is not None
+            namespaces.partition(victim)
+            await asyncio.sleep(long_pause)
+            namespaces.heal(victim)
+        await _probe_when_ready(cluster, rejoining, mode, probes)
         await _probe_when_ready(cluster, victim, mode, probes)
     elif fault == "lose-seed-majority":
         seeds = min(size, 3 if size < 5 else 5)
@@ -341,6 +382,9 @@ async def _round(
         history=str(keep) if keep.exists() else None,
         victim=victim,
         ack_gaps=[g for p in publishers for t in p.ack_times.values() if (g := _ack_gap(t, fault_at)) is not None],
+        victim_gaps=[g for r in on_victim if (g := _gap(r, fault_at, healed_at)) is not None],
+        victim_clients=len(on_victim),
+        victim_moved=sum(1 for r in on_victim if _moved(r, cluster[victim].ws_url, fault_at, healed_at)),
         mqtt_received=len(observer.received) if observer is not None else 0,
         mqtt_reconnections=observer.reconnections if observer is not None else 0,
     )
@@ -451,6 +495,14 @@ async def _probe(cluster: LocalCluster, index: int, guaranteed: bool) -> str:
     return ""
 
 
+def _moved(recorder: Recorder, url: str, since: float, until: float) -> bool:
+    """Whether the client was served by a member other than ``url`` between ``since`` and ``until``."""
+    return any(
+        kind == EventKind.NOTIFY_SERVER_UP.value and detail != url and since <= t <= until
+        for kind, detail, t in recorder.server_changes
+    )
+
+
 def _ack_gap(times: list[float], fault_at: float) -> float | None:
     """The longest wait between two acknowledgements of one publisher loop, from the last one before the fault."""
     before = [t for t in times if t < fault_at]
@@ -537,6 +589,9 @@ def summary(results: list[RoundResult]) -> dict[str, Any]:
         "violations": sum(len(r.violations) for r in results),
         "ack_gap_p50_s": round(percentile([g for r in results for g in r.ack_gaps], 50), 3),
         "ack_gap_max_s": round(max((g for r in results for g in r.ack_gaps), default=0.0), 3),
+        # the faulted member's own clients: the longest any went unserved (failed over, or it came back)
+        "victim_gap_p50_s": round(percentile([g for r in results for g in r.victim_gaps], 50), 3),
+        "victim_gap_max_s": round(max((g for r in results for g in r.victim_gaps), default=0.0), 3),
     }
 
 

@@ -172,6 +172,8 @@ class RoamingCodec(MigratoryCodec):
             elif op == p.Op.NOTIFY:
                 notice = p.decode_server(payload)
                 assert isinstance(notice, p.Notify)
+                if notice.code is p.NotifyCode.KEEPALIVE:
+                    continue  # the server lives (protocol version 3); not part of any recovery
                 if notice.code is p.NotifyCode.DATA_SYNC:
                     state.synced += 1
                 else:

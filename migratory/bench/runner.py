@@ -643,6 +643,9 @@ async def _publish(
             while poll() < _deliverable(report, codec, subscribers) and loop.time() < deadline:
                 await asyncio.sleep(0.005)
         now = loop.time()
+        retries = getattr(codec, "take_retries", None)
+        if retries is not None and now - drained >= 0.05:
+            transport.write(retries())  # FAILED in a failover: sent again with their publish ids
         if now - drained >= 0.05:
             # keep the loaders' progress pipes drained: a full pipe blocks a loader's event loop,
             # and its clients would read their messages late (seconds of false latency at low rates)
@@ -654,6 +657,12 @@ async def _publish(
     if control is not None:
         await control.done()
     await asyncio.sleep(0.5)  # the last answers
+    deadline = loop.time() + 30.0
+    while getattr(codec, "unanswered", 0) and loop.time() < deadline:  # retries still under way
+        retries = getattr(codec, "take_retries", None)
+        if retries is not None:
+            transport.write(retries())
+        await asyncio.sleep(0.1)
     transport.close()
     for why, count in getattr(codec, "refused", {}).items():
         if control is not None and why.startswith("NO_SUBSCRIBER"):

@@ -191,7 +191,15 @@ def _mask_control(opcode: int, payload: bytes) -> bytes:
     return bytes(frame)
 
 
+PUBLISH_RETRIES = 20
+
+
 class MigratoryCodec(_WebSocket):
+    """The native protocol. A publication answered FAILED (its outcome unknown: a coordinator changed in a
+    failover) is sent again with its publish id, as the client library's ``publish(retries=N)`` does, at
+    most :data:`PUBLISH_RETRIES` times, and counted refused only if never acknowledged: the cluster numbers
+    it once however often it arrives."""
+
     refused: dict[str, int]  # a publisher's publications answered other than OK, by status and reason
     # subject -> publications answered neither OK nor NO_SUBSCRIBER: never published, so never delivered
     unpublished: dict[str, int]
@@ -200,6 +208,11 @@ class MigratoryCodec(_WebSocket):
         super().__init__()
         self.refused = {}
         self.unpublished = {}
+        self._prefix = os.urandom(4).hex()
+        self._count = 0
+        self._waiting: dict[str, tuple[str, bytes, int]] = {}  # closure -> (subject, frame, attempts so far)
+        self._due: list[bytes] = []  # FAILED ones, to send again
+        self.retried = 0
 
     def after_upgrade(self, subjects: Sequence[str]) -> bytes:
         out = _mask(p.encode_connect())
@@ -208,7 +221,40 @@ class MigratoryCodec(_WebSocket):
         return out
 
     def publish(self, subject: str, payload: bytes) -> bytes:
-        return _mask(p.encode_publish(subject, payload, closure=subject, retained=True))
+        self._count += 1
+        closure = f"{subject} {self._count}"
+        frame = _mask(
+            p.encode_publish(
+                subject, payload, closure=closure, retained=True, publish_id=f"{self._prefix}-{self._count}"
+            )
+        )
+        self._waiting[closure] = (subject, frame, 0)
+        return frame
+
+    def take_retries(self) -> bytes:
+        """The publications answered FAILED since the last call, to send again (same publish ids)."""
+        due, self._due = self._due, []
+        return b"".join(due)
+
+    @property
+    def unanswered(self) -> int:
+        """Publications sent and not yet answered for good (their first answer, or a retry's, still to come)."""
+        return len(self._waiting)
+
+    def _answered(self, answer: p.PublishStatus) -> None:
+        waiting = self._waiting.pop(answer.closure, None)
+        subject = waiting[0] if waiting is not None else answer.closure.rpartition(" ")[0]
+        if answer.status is p.Status.OK:
+            return
+        if answer.status is p.Status.FAILED and waiting is not None and waiting[2] < PUBLISH_RETRIES:
+            self._waiting[answer.closure] = (subject, waiting[1], waiting[2] + 1)
+            self._due.append(waiting[1])
+            self.retried += 1
+            return
+        why = f"{answer.status.name}: {answer.reason}"[:100]
+        self.refused[why] = self.refused.get(why, 0) + 1
+        if answer.status is not p.Status.NO_SUBSCRIBER:
+            self.unpublished[subject] = self.unpublished.get(subject, 0) + 1
 
     def feed(self, data: bytes) -> tuple[list[bytes], bytes]:
         frames, pong = self.frames(data)
@@ -216,13 +262,10 @@ class MigratoryCodec(_WebSocket):
         for opcode, payload in frames:
             if opcode != 0x2 or not payload or _read_native(self, payload, out):
                 continue
-            if payload[0] == p.Op.PUBLISH_STATUS and len(payload) > 1 and payload[1] != p.Status.OK:
+            if payload[0] == p.Op.PUBLISH_STATUS:
                 answer = p.decode_server(payload)
                 assert isinstance(answer, p.PublishStatus)
-                why = f"{answer.status.name}: {answer.reason}"[:100]
-                self.refused[why] = self.refused.get(why, 0) + 1
-                if answer.status is not p.Status.NO_SUBSCRIBER:
-                    self.unpublished[answer.closure] = self.unpublished.get(answer.closure, 0) + 1
+                self._answered(answer)
         return out, pong
 
     def is_ready(self, subjects: int) -> bool:

@@ -310,9 +310,10 @@ class Connection(Session, asyncio.Protocol):
                 next_check = self.last_rx + interval
         if engine.keepalive_ms and self.version >= 3 and self.hello:
             # nothing sent since the last check (a third of the promised silence ago): a NOTIFY says we live
-            if self.msgs_out == self.ka_mark:
+            sent = self.msgs_out != self.ka_mark
+            if not sent:
                 self.send(engine.keepalive_frame)
-            self.ka_mark = self.msgs_out
+            self.ka_mark = self.msgs_out + (not sent)  # the keep-alive itself is not news: the next check may send one
             next_check = min(next_check, now + engine.keepalive_ms / 3000.0)
         if self.token_expiry:
             next_check = min(next_check, now + max(0.0, self.token_expiry - time.time()))
@@ -719,9 +720,10 @@ class StreamConnection(Connection):
             self.revoke_subscriptions()
         next_check = now + engine.config.keep_alive_interval / 1000.0
         if engine.keepalive_ms and self.version >= 3 and self.hello:
-            if self.msgs_out == self.ka_mark:
+            sent = self.msgs_out != self.ka_mark
+            if not sent:
                 self.send(engine.keepalive_frame)  # protocol version 3: the client's watchdog hears it
-            self.ka_mark = self.msgs_out
+            self.ka_mark = self.msgs_out + (not sent)
             next_check = min(next_check, now + engine.keepalive_ms / 3000.0)
         else:
             self.send(build_frame(OP_PING, b""))
