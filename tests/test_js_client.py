@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -167,3 +168,102 @@ def test_an_mqtt_publication_reaches_the_javascript_client(server_factory: Calla
     out, _ = js.communicate(timeout=30)
     message = json.loads(out.splitlines()[0])
     assert (message["subject"], message["content"], message["fields"]) == ("/from/mqtt", "hello js", {"price": "10.5"})
+
+
+_LEAVE_A_HUNG_SERVER = """
+import { EventKind, MigratoryClient } from "./migratory.js";
+const [hung, other] = process.argv.slice(1);
+const ups = [];
+const client = new MigratoryClient([`1000 ${hung}`, `1 ${other}`], {
+  backoffInitial: 100,
+  onStatus: (e) => { if (e.kind === EventKind.NOTIFY_SERVER_UP) ups.push([e.detail, Date.now()]); },
+});
+await client.connect();
+console.log(JSON.stringify({ first: client.server }));
+process.stdin.once("data", () => {
+  const stopped = Date.now();
+  const timer = setInterval(() => {
+    const moved = ups.find(([url, t]) => url === other && t >= stopped);
+    if (moved || Date.now() - stopped > 15000) {
+      console.log(JSON.stringify({ moved: Boolean(moved), after_ms: moved ? moved[1] - stopped : null }));
+      clearInterval(timer);
+      client.close();
+      process.exit(0);
+    }
+  }, 50);
+});
+"""
+
+
+def test_both_clients_leave_a_server_that_stops_talking(server_factory: Callable[..., ServerProcess]) -> None:
+    """Protocol version 3 (issue 48): a server that promised a keep-alive (ServerKeepAlive) and is then SIGSTOPped
+    closes nothing; the Python and the JavaScript clients take its silence for a hang and connect to the other
+    server of their list while it is still stopped."""
+    import signal
+    import time
+
+    from migratory.client import EventKind
+
+    hung = server_factory({"ServerKeepAlive": "1000"}, name="hung")
+    other = server_factory({"ServerKeepAlive": "1000"}, name="other")
+    assert NODE is not None
+    js = subprocess.Popen(
+        [
+            NODE,
+            "--experimental-websocket",
+            "--input-type=module",
+            "-e",
+            _LEAVE_A_HUNG_SERVER,
+            hung.ws_url,
+            other.ws_url,
+        ],
+        cwd=JS,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert js.stdout is not None and js.stdin is not None
+        assert json.loads(js.stdout.readline())["first"] == hung.ws_url
+
+        async def python_side() -> float:
+            ups: list[tuple[str, float]] = []
+
+            def status(event: object) -> None:
+                if getattr(event, "kind", None) is EventKind.NOTIFY_SERVER_UP:
+                    ups.append((str(getattr(event, "detail", "")), time.monotonic()))
+
+            client = MigratoryClient(
+                [(hung.ws_url, 1000.0), (other.ws_url, 1.0)], on_status=status, backoff_initial=0.1
+            )
+            while True:
+                await client.connect()
+                if client.server == hung.ws_url:
+                    break
+                await client.close()
+                client = MigratoryClient(
+                    [(hung.ws_url, 1000.0), (other.ws_url, 1.0)], on_status=status, backoff_initial=0.1
+                )
+            await client.subscribe(["/ka/s"])
+            os.killpg(hung.proc.pid, signal.SIGSTOP)  # the whole server, every worker: nothing answers, nothing closes
+            js.stdin.write("go\n")  # type: ignore[union-attr]
+            js.stdin.flush()  # type: ignore[union-attr]
+            stopped = time.monotonic()
+            while time.monotonic() - stopped < 15 and not any(u == other.ws_url and t > stopped for u, t in ups):
+                await asyncio.sleep(0.05)
+            moved = [t - stopped for u, t in ups if u == other.ws_url and t > stopped]
+            await client.close()
+            assert moved, "the Python client waited on the stopped server"
+            return moved[0]
+
+        python_after = asyncio.run(python_side())
+        outcome = json.loads(js.stdout.readline())
+        assert outcome["moved"], "the JavaScript client waited on the stopped server"
+        # both left while the server was still stopped (it stays stopped until here), well before the 20 s the
+        # websockets library's own pings would have taken
+        assert python_after < 15 and outcome["after_ms"] < 15000
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(hung.proc.pid, signal.SIGCONT)
+        js.kill()
+        js.wait()

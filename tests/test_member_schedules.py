@@ -112,6 +112,7 @@ class _Faults:
         self.victim = -1
         self.second = -1
         self.since = 0.0
+        self.healed = -1.0  # since when the cluster is healthy again (-1: it is not)
 
     def healthy(self) -> bool:
         net = self.net
@@ -133,7 +134,13 @@ class _Faults:
         net = self.net
         if not self.kind:
             if not self.healthy():
+                self.healed = -1.0
                 return
+            if self.healed < 0:
+                self.healed = net.now
+            if net.now - self.healed < 1.0:  # healthy for a second: what the fault displaced is replicated again
+                return
+            self.healed = -1.0
             self.kind, self.victim, self.since = rng.choice(["pause", "cut", "restart"]), rng.randrange(3), net.now
             if self.kind == "pause":
                 net.frozen.add(self.victim)

@@ -13,7 +13,7 @@ import {
 } from "../migratory.js";
 
 test("CONNECT, SUBSCRIBE with positions and PUBLISH with a publish id are laid out as docs/protocol.md says", () => {
-  assert.deepEqual([...encodeConnect("tok")], [0x01, 2, 3, 0x74, 0x6f, 0x6b]);
+  assert.deepEqual([...encodeConnect("tok")], [0x01, 3, 3, 0x74, 0x6f, 0x6b]);
   assert.deepEqual([...encodeSubscribe(["/a/b"], 500)], [0x02, 0, 0xf4, 0x03, 1, 4, ...Buffer.from("/a/b")]);
   assert.deepEqual([...encodeSubscribe(["/a/b"], 0, [[7, 300]])], [0x02, 1, 0, 1, 4, ...Buffer.from("/a/b"), 7, 0xac, 0x02]);
   const publish = encodePublish("/a/b", "hi", { fields: { f: "v" }, closure: "c", publishId: "p1", guaranteed: true });
@@ -30,6 +30,11 @@ test("server messages decode, and malformed ones raise DecodeError only", () => 
   assert.equal(frame.recovered, true);
   assert.deepEqual([...frame.content], [0x78]);
   assert.deepEqual(decodeServer(Uint8Array.from([0x85, 2, 4, ...Buffer.from("/a/b")])), { op: "NOTIFY", code: "DATA_RESYNC", subject: "/a/b" });
+  assert.deepEqual(decodeServer(Uint8Array.from([0x85, 3, 0])), { op: "NOTIFY", code: "KEEPALIVE", subject: "" });
+  // protocol version 3: CONNECTED carries the server's keep-alive in ms
+  const connected = decodeServer(Uint8Array.from([0x81, 3, 3, ...Buffer.from("1-2"), 5, 0x80, 0x08, 0xb8, 0x17]));
+  assert.equal(connected.keepaliveMs, 3000);
+  assert.equal(connected.maxMessageSize, 1024);
   for (const bad of [[], [0x7f], [0x83, 0], [0x84, 0, 9], [0x81, 2, 1, 0x41, 1, 1, 9], [0x82, 0, 2, 0xff, 0xfe, 0]]) {
     assert.throws(() => decodeServer(Uint8Array.from(bad)), DecodeError);
   }

@@ -93,24 +93,52 @@ class _Wire:
 
 
 class _Watch:
-    """Logs what an operator must know: quorum lost and regained, and a node that stays unready."""
+    """Logs what an operator must know, once and as what it is: a Raft election (INFO), a quorum lost for longer
+    than an election takes (WARNING) and regained, and a node that stays unready."""
 
     def __init__(self, now: float) -> None:
         self.quorum: bool | None = None
+        self.lost_at: float | None = None  # when the quorum went (an election, or a lost majority: not told yet)
+        self.warned_lost = False
         self.ready: bool | None = None
         self.healthy: tuple[bool, str] = (False, "starting")
         self.since = now
         self.warned = -1e9
 
+    def _quorum(self, machine: Member, now: float) -> None:
+        """An election ends within an eighth to a quarter of the heartbeat timeout (consensus.py): a quorum back
+        within the timeout was one, and is logged so; only a quorum gone for longer is a lost majority."""
+        quorum = machine.quorum
+        if quorum != self.quorum:
+            if not quorum and self.quorum is not None:  # not at start, before the first leader
+                self.lost_at = now
+            elif self.quorum is not None or self.lost_at is not None:
+                if self.warned_lost:
+                    log.info("member %d: quorum regained (leader: %s)", machine.me, machine.leader_index())
+                elif self.lost_at is not None:
+                    log.info(
+                        "member %d: Raft election: member %s leads (term %d), after %.1f s without a leader",
+                        machine.me,
+                        machine.leader_index(),
+                        machine.term,
+                        now - self.lost_at,
+                    )
+                self.lost_at = None
+                self.warned_lost = False
+            self.quorum = quorum
+        if self.lost_at is not None and not self.warned_lost and now - self.lost_at >= machine.s.heartbeat_timeout:
+            self.warned_lost = True
+            log.warning(
+                "member %d: quorum lost: no leader with a majority of the seed members for %.1f s "
+                "(Guaranteed publications are refused)",
+                machine.me,
+                now - self.lost_at,
+            )
+
     def step(self, machine: Member, now: float) -> bool:
         """True when the node's readiness or health changed since the last step."""
-        if machine.s.guaranteed and machine.quorum != self.quorum:
-            if self.quorum is not None or machine.quorum:
-                if machine.quorum:
-                    log.info("member %d: quorum regained (leader: %s)", machine.me, machine.leader_index())
-                else:
-                    log.warning("member %d: quorum lost (no majority of the seed members reachable)", machine.me)
-            self.quorum = machine.quorum
+        if machine.s.guaranteed:
+            self._quorum(machine, now)
         ready = machine.readiness()[0]
         healthy = machine.health()
         changed = healthy != self.healthy or ready != self.ready
