@@ -65,6 +65,7 @@ __all__ = ["Member", "MemberSettings", "Wire"]
 MAX_HOPS = 4
 MERGE_CACHE = 32  # Standard mode: messages per subject an agent keeps for merges (not for clients)
 MERGE_CACHE_TTL = 10.0  # s
+QUORUM_GRACE = 0.5  # s without a quorum before a Guaranteed member that served sends its clients away
 
 
 class Wire(Protocol):
@@ -202,6 +203,7 @@ class Member:
         self._unconfirmed: dict[str, deque[Published]] = {}
         self._expect_admission = True  # the next table that adds us is the one we wait for (not a missed exclusion)
         self._serving_since = 0.0
+        self._no_quorum_since: float | None = None  # Guaranteed: since when this member has no quorum
         self._has_served = False  # this process was ready once (Guaranteed: it never starts a cluster alone again)
         self._join: tuple[int, int] | None = None  # (request, peer) of the full sync in progress
         self._held: list[tuple[int, BusFrame]] = []  # live frames that arrived while joining
@@ -1138,6 +1140,11 @@ class Member:
             for peer in self.peers.values():
                 peer.heard = max(peer.heard, now)
         self._last_tick = now
+        if self.s.guaranteed:
+            if self.quorum:
+                self._no_quorum_since = None
+            elif self._no_quorum_since is None:
+                self._no_quorum_since = now
         for member, peer in list(self.peers.items()):
             if now - peer.heard > timeout:
                 self.wire.drop_peer(member, f"no heartbeat for {timeout:.1f} s")
@@ -1287,7 +1294,10 @@ class Member:
             return "this member lost its place in the cluster and is rejoining"
         if self._resumed_at is not None:
             return "this member resumed after a pause and waits for the seed members"
-        if not self.quorum:
+        if self._no_quorum_since is not None and (self._last_tick or 0.0) - self._no_quorum_since >= QUORUM_GRACE:
+            # a follower loses it only after a heartbeat timeout without the leader's word; the grace keeps a
+            # leader just elected, whose Raft majority is confirmed a round trip later, from sending its
+            # clients away at every election
             return "this member is cut off from the majority of the seed members"
         return ""
 

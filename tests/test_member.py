@@ -597,3 +597,24 @@ def test_a_guaranteed_member_resumed_after_sigstop_is_unhealthy_until_the_seeds_
     assert seen[-1] and hung.ready
     first = seen.index(True)
     assert all(seen[first:]), seen
+
+
+def test_a_guaranteed_member_cut_off_from_the_majority_says_it_is_isolated_and_only_it() -> None:
+    """Issue 48: the member that lost the seeds' majority sends its clients away (ClusterInfo says so, and not
+    ready); the majority's members do not, nor does a member that never served; back in, it serves again."""
+    net = started(3, guaranteed=True)
+    assert all(not m.isolated() for m in net.members.values())
+    net.partition(2)
+    net.run(1)
+    assert not net.members[2].isolated()  # within the heartbeat timeout the leader's word is still fresh
+    net.run(4)
+    assert "cut off" in net.members[2].isolated() or "rejoining" in net.members[2].isolated()
+    assert not net.members[2].info().ready
+    assert all(not net.members[i].isolated() and net.members[i].info().ready for i in (0, 1))
+    net.heal()
+    net.run(10)
+    assert all(not m.isolated() and m.info().ready for m in net.members.values())
+    fresh = Net(3, guaranteed=True)
+    fresh.start(0)
+    fresh.run(1)
+    assert not fresh.members[0].isolated()  # starting, it never served: nothing to send away

@@ -25,7 +25,7 @@ from tests.test_member import started
 
 OK = (Status.OK, Status.NO_SUBSCRIBER)
 MAX_DELAY = 1.0  # s a frame may take between two members that run and are linked
-EXAMPLES = int(os.environ.get("MIGRATORY_SCHEDULE_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("MIGRATORY_SCHEDULE_EXAMPLES", "400"))
 
 
 def _relink(net: Net, rng: random.Random) -> None:

@@ -224,7 +224,16 @@ async def _round(
     size = cluster.size
     subjects = [f"/fault/s{i}" for i in range(subject_count)]
     servers: list[str | tuple[str, float]] = [(m.ws_url, 100.0) for m in cluster.members]
-    recorders = [Recorder(f"sub{i}", servers, request_timeout=8.0) for i in range(2 * size)]
+    # two subscribers start on each member (its weight 100 against 1: a member with none would leave a fault
+    # of it unmeasured); after a failure each goes anywhere else, at random
+    recorders = [
+        Recorder(
+            f"sub{i}",
+            [(m.ws_url, 100.0 if j == i % size else 1.0) for j, m in enumerate(cluster.members)],
+            request_timeout=8.0,
+        )
+        for i in range(2 * size)
+    ]
     for recorder in recorders:
         await recorder.start(subjects)
     coordinator = await loop.run_in_executor(None, _coordinator_of, cluster, subjects[0])
