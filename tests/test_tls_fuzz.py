@@ -343,12 +343,15 @@ def test_a_fatal_close_notify_after_a_warning(servers: Servers) -> None:
 
 
 def test_a_malformed_alert_differs_in_its_code_only(servers: Servers) -> None:
-    """docs/security.md: "an alert that is not exactly two bytes gets decode_error (OpenSSL 3.0 answers
-    unexpected_message there)"."""
-    for body in (b"", b"\x01", b"\x01\x00\x00"):
+    """docs/security.md: "an alert of one byte or of more than two gets decode_error (OpenSSL 3.0 answers
+    unexpected_message there)"; an empty one gets unexpected_message in both (issue 52, N1)."""
+    for body in (b"\x01", b"\x01\x00\x00"):
         lean, openssl = servers.both(SUITE, [*data(b"kept"), Rec(body, ALERT), *data(b"dropped")], [])
         assert lean.delivered == openssl.delivered == b"kept" and lean.closed and openssl.closed
         assert (lean.answer, openssl.answer) == ("decode_error", "unexpected_message")
+    lean, openssl = servers.both(SUITE, [*data(b"kept"), Rec(b"", ALERT), *data(b"dropped")], [])
+    assert lean.delivered == openssl.delivered == b"kept" and lean.closed and openssl.closed
+    assert lean.answer == openssl.answer == "unexpected_message"
 
 
 # --- the C sealer under AddressSanitizer and UBSan -----------------------------------------------------

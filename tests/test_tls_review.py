@@ -365,9 +365,73 @@ def test_post_handshake_messages_get_the_right_alert(
 # --- D4: malformed alerts -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body", [b"", b"\x01", b"\x01\x00\x00", b"\x02\x28\x00\x00"], ids=["0", "1", "3", "4"])
+@pytest.mark.parametrize("body", [b"\x01", b"\x01\x00\x00", b"\x02\x28\x00\x00"], ids=["1", "3", "4"])
 def test_a_malformed_alert_gets_a_fatal_decode_error(tls_server: TLSServer, pki: dict[str, Path], body: bytes) -> None:
     pair, records = lean_pair(tls_server, pki)
     pair.transport.data_received(records.data(b"kept") + records.alert(body) + records.data(b"dropped"))
     assert pair.app.received == b"kept"
     assert_fatal_alert(pair, DECODE_ERROR)
+
+
+def test_an_empty_alert_record_gets_unexpected_message(tls_server: TLSServer, pki: dict[str, Path]) -> None:
+    """N1 (issue 52): RFC 8446 5.4 forbids empty alert records; OpenSSL answers unexpected_message (tlsfuzzer
+    test_tls13_empty_alert), as it does for an empty handshake record."""
+    pair, records = lean_pair(tls_server, pki)
+    pair.transport.data_received(records.data(b"kept") + records.alert(b"") + records.data(b"dropped"))
+    assert pair.app.received == b"kept"
+    assert_fatal_alert(pair, UNEXPECTED_MESSAGE)
+
+
+@pytest.mark.parametrize("reads", ["one-read", "one-read-each", "two-reads"])
+def test_every_key_update_request_gets_its_answer_however_the_reads_fall(
+    tls_server: TLSServer, pki: dict[str, Path], reads: str
+) -> None:
+    """N2 (issue 52): 32 KeyUpdate(update_requested) get 32 answers (OpenSSL's count), whether they come in one
+    read, one per read or split across two; each answer moves our write key one step, and the real client
+    follows every step (it reads what we write after them)."""
+    pair, records = lean_pair(tls_server, pki)
+    transport = pair.transport
+    assert transport._suite is not None
+    secret = bytes(transport._wsecret)  # a copy: the transport wipes its spent secrets in place
+    wires = []
+    for _ in range(32):
+        wires.append(records.handshake(b"\x18\x00\x00\x01\x01"))
+        records.next_key()
+    if reads == "one-read":
+        transport.data_received(b"".join(wires))
+    elif reads == "one-read-each":
+        for wire in wires:
+            transport.data_received(wire)
+    else:
+        joined = b"".join(wires)
+        transport.data_received(joined[:777])
+        transport.data_received(joined[777:])
+    steps = 0
+    while transport._wsecret != secret and steps < 100:
+        secret = transport._suite.next_secret(secret)
+        steps += 1
+    assert steps == 32  # 32 answers, not one and not 33
+    transport.write(b"after 32 answers")
+    assert pair.receive() == b"after 32 answers"
+    assert not pair.tcp.closed
+
+
+def test_a_bounded_number_of_key_update_answers_waits_while_tcp_takes_nothing(
+    tls_server: TLSServer, pki: dict[str, Path]
+) -> None:
+    """The bound on N2's rule: while TCP is paused, more than MAX_OWED_KEY_UPDATES requests share answers."""
+    pair, records = lean_pair(tls_server, pki)
+    transport = pair.transport
+    transport.pause_writing()
+    for _ in range(tlstransport.MAX_OWED_KEY_UPDATES * 3):
+        transport.data_received(records.handshake(b"\x18\x00\x00\x01\x01"))
+        records.next_key()
+    assert transport._owed == tlstransport.MAX_OWED_KEY_UPDATES
+
+
+def test_a_record_of_an_unknown_type_is_refused_at_its_header(tls_server: TLSServer, pki: dict[str, Path]) -> None:
+    """N3 (issue 52): a header announcing a record of content type 0x99 gets unexpected_message at once, as
+    OpenSSL does, not once the 16 KB it announces have come."""
+    pair, _ = lean_pair(tls_server, pki)
+    pair.transport.data_received(bytes((0x99, 3, 3)) + (16000).to_bytes(2, "big"))
+    assert_fatal_alert(pair, UNEXPECTED_MESSAGE)

@@ -85,6 +85,12 @@ class FakeTCP:
     def get_write_buffer_size(self) -> int:
         return 0
 
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
 
 class App(asyncio.Protocol):
     """The application protocol: records every callback."""

@@ -178,6 +178,8 @@ KEY_UPDATE_AFTER = 1 << 24
 MAX_CIPHERTEXT = (1 << 14) + 256
 MAX_PLAINTEXT = 1 << 14
 MAX_WARNING_ALERTS = 5
+# KeyUpdate requests answered one by one while their answers wait (TCP not taking more); past it they share one
+MAX_OWED_KEY_UPDATES = 64
 """Consecutive ``user_canceled`` alerts (TLS 1.3's only warning) that end the connection, as OpenSSL's
 ``MAX_WARN_ALERT_COUNT``: the fifth, with no non-empty record between them, gets a fatal ``unexpected_message``."""
 MAX_EMPTY_RECORDS = 32
@@ -864,7 +866,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._sslp: int | None = None  # OpenSSL's SSL * while handshaking (from the keylog callback), else None
         self._hot = False
         self._held = False
-        self._owed = False  # a KeyUpdate answer to send before our next record (RFC 8446 4.6.3): one at most
+        self._owed = 0  # KeyUpdate answers to send before our next record (RFC 8446 4.6.3), one per request
         self._paused = False  # TCP asked us to stop writing (its buffer is over its high-water mark)
         self._reading = True  # what the application asked (pause_reading, resume_reading)
         self._tat = 0.0  # when the records read so far are paid for at RECORD_RATE (loop time)
@@ -1087,7 +1089,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._forget_secrets()
         self._rbuf = self._hbuf = b""
         self._sslp = None
-        self._owed = False
+        self._owed = 0
         if self._made:
             self._made = False
             self._protocol.connection_lost(exc)
@@ -1123,10 +1125,11 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._flush_openssl()
 
     def _pay_key_update(self) -> None:
-        """Our one KeyUpdate for every ``update_requested`` received since the last (RFC 8446 4.6.3)."""
-        self._owed = False
-        if self._state == _RECORDS and self._tcp is not None:
-            self._tcp.write(self._update_write_key(requested=False))
+        """One KeyUpdate of ours for every ``update_requested`` received since the last answers (RFC 8446 4.6.3),
+        each under the key the one before it installed, in one TCP write."""
+        owed, self._owed = self._owed, 0
+        if self._state == _RECORDS and self._tcp is not None and owed:
+            self._tcp.write(b"".join(self._update_write_key(requested=False) for _ in range(owed)))
 
     def _output_limit(self) -> int:
         """The connection's output limit: the listener's, else the application's (MaxPendingOutput)."""
@@ -1143,7 +1146,7 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         holds back (an owed ``KeyUpdate`` answer, what OpenSSL wrote in its outgoing BIO) is added
         to that, and past the limit the connection is dropped as a slow consumer would be.
         """
-        held = _KEY_UPDATE_SIZE if self._owed else 0
+        held = _KEY_UPDATE_SIZE * self._owed
         if self._outgoing is not None:
             held += self._outgoing.pending
         if not held:
@@ -1425,6 +1428,9 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         while end - pos >= 5:
             kind = buf[pos]
             length = (buf[pos + 3] << 8) | buf[pos + 4]
+            if kind != _APPLICATION_DATA:  # refused at its header, not once the record it announces has come
+                self._alert(_UNEXPECTED_MESSAGE, plain)
+                return
             if length > MAX_CIPHERTEXT:
                 self._alert(_RECORD_OVERFLOW, plain)
                 return
@@ -1433,9 +1439,6 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
             if used >= room:  # the rest waits for the allowance to grow (_throttle)
                 break
             used += 1
-            if kind != _APPLICATION_DATA:
-                self._alert(_UNEXPECTED_MESSAGE, plain)
-                return
             header = buf[pos : pos + 5]
             body = buf[pos + 5 : pos + 5 + length]
             pos += 5 + length
@@ -1556,22 +1559,28 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
         key, self._riv = self._suite.keys(self._rsecret)
         self._rkey = bytearray(key)
         self._rseq = 0
-        if requested and not self._owed:
-            # answered once, however many requests come before it goes (RFC 8446 4.6.3: "an
-            # implementation which receives multiple KeyUpdates while it is silent" sends one): at the
-            # end of this read, before our next record, or once TCP takes more (resume_writing)
-            self._owed = True
+        if requested:
+            # one answer per request, however the requests fell into reads and records: at once while TCP
+            # takes what we write, else once it takes more (resume_writing) or before our next record; past
+            # MAX_OWED_KEY_UPDATES waiting (a peer that floods and does not read) the rest share the last
+            # answer, as RFC 8446 4.6.3 allows ("an implementation which receives multiple KeyUpdates while
+            # it is silent" may send one), so what is owed stays bounded
+            self._owed = min(self._owed + 1, MAX_OWED_KEY_UPDATES)
             if self._paused:
                 return self._within_limit()
+            self._pay_key_update()
         return self._state == _RECORDS
 
     def _alert_received(self, content: bytes, plain: list[bytes]) -> bool:
         """An alert from the peer; True if the records after it are to be read (``user_canceled``).
 
         ``user_canceled`` is TLS 1.3's only warning: it is ignored, up to
-        :data:`MAX_WARNING_ALERTS` in a row. An alert that is not exactly 2 bytes gets a fatal
-        ``decode_error``; ``close_notify`` ends the reading; any other alert is fatal (RFC 8446 6.2).
+        :data:`MAX_WARNING_ALERTS` in a row. An empty alert record gets ``unexpected_message`` (RFC 8446
+        5.4), one of another length than 2 bytes a fatal ``decode_error``; ``close_notify`` ends the reading; any other alert is fatal (RFC 8446 6.2).
         """
+        if not content:  # an alert record is never empty (RFC 8446 5.4): unexpected_message, as OpenSSL says
+            self._alert(_UNEXPECTED_MESSAGE, plain)
+            return False
         if len(content) != 2:
             self._alert(_DECODE_ERROR, plain)
             return False
