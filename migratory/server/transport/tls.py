@@ -1574,9 +1574,9 @@ class TLSTransport(asyncio.Transport, asyncio.Protocol):
     def _alert_received(self, content: bytes, plain: list[bytes]) -> bool:
         """An alert from the peer; True if the records after it are to be read (``user_canceled``).
 
-        ``user_canceled`` is TLS 1.3's only warning: it is ignored, up to
-        :data:`MAX_WARNING_ALERTS` in a row. An empty alert record gets ``unexpected_message`` (RFC 8446
-        5.4), one of another length than 2 bytes a fatal ``decode_error``; ``close_notify`` ends the reading; any other alert is fatal (RFC 8446 6.2).
+        ``user_canceled`` is TLS 1.3's only warning: it is ignored, up to :data:`MAX_WARNING_ALERTS` in a
+        row. An empty alert record gets ``unexpected_message`` (RFC 8446 5.4), one of another length than 2
+        bytes a fatal ``decode_error``; ``close_notify`` ends the reading; any other alert is fatal (6.2).
         """
         if not content:  # an alert record is never empty (RFC 8446 5.4): unexpected_message, as OpenSSL says
             self._alert(_UNEXPECTED_MESSAGE, plain)
