@@ -142,6 +142,10 @@ TLS_COUNTERS = {
         "migratory_tls_handshake_failures",
         "TLS handshakes that failed or did not complete within HandshakeTimeout.",
     ),
+    "selftest_failures": (
+        "migratory_tls_lean_selftest_failures",
+        "Worker processes whose start-up self-test of the lean TLS record layer failed (it then stays off).",
+    ),
 }
 TLS_ALERTS_ALWAYS = (
     "close_notify",
@@ -162,6 +166,22 @@ def tls_families(tls: Mapping[str, Any]) -> list[Metric]:
         counter = CounterMetricFamily(name, text)
         counter.add_metric([], int(tls.get(key, 0)))
         out.append(counter)
+    layer = GaugeMetricFamily(
+        "migratory_tls_record_layer",
+        "What carries each worker's TLS records after the handshake (1 for the layer in use): lean, openssl "
+        "(TLSLeanTransport = false), openssl: outside the supported matrix, openssl: a self-test failed, none.",
+        labels=["worker", "layer"],
+    )
+    for worker, name in sorted(tls.get("record_layer", {}).items(), key=lambda item: int(item[0])):
+        layer.add_metric([worker, name], 1)
+    out.append(layer)
+    out.append(
+        GaugeMetricFamily(
+            "migratory_tls_lean_fallback",
+            "Workers whose TLS records OpenSSL carries although the lean record layer was asked for (alert on > 0).",
+            value=int(tls.get("lean_fallback_workers", 0)),
+        )
+    )
     openssl = CounterMetricFamily(
         "migratory_tls_openssl_connections",
         "TLS connections of lean listeners left on OpenSSL's record layer, by reason (docs/security.md).",

@@ -217,6 +217,10 @@ def test_tls_counters_in_metrics_summed_over_the_workers(
         assert value(table, "migratory_tls_alerts_sent_total", alert="record_overflow") == 0
         assert value(table, "migratory_tls_handshake_failures_total") == 1
         assert set(table["migratory_tls_alerts_sent_total"]) >= {(("alert", "decode_error"),)}  # exposed at zero
+        # both workers carry their TLS records on the lean layer, and none fell back (issue 52, I1)
+        assert value(table, "migratory_tls_lean_fallback") == 0
+        assert value(table, "migratory_tls_record_layer", worker="0", layer="lean") == 1
+        assert value(table, "migratory_tls_record_layer", worker="1", layer="lean") == 1
     if shutil.which("promtool") is not None:  # the real exposition, TLS families included
         body = metrics_text(monitor_port).encode()
         check = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=30)
@@ -264,6 +268,26 @@ def test_a_workers_slot_carries_this_process_tls_counters() -> None:
     assert {s.labels["reason"] for s in families["migratory_tls_openssl_connections"].samples} == set(
         tlstransport.FALLBACK_REASONS
     )
+
+
+def test_a_worker_off_the_lean_layer_is_marked_in_stats_and_metrics() -> None:
+    """Issue 52, I1: the record layer in use per worker, and an alert-worthy gauge when the lean layer was asked
+    for and is off (a self-test failed, or outside the supported matrix)."""
+    shared = SharedCounters(3, ())
+    at = len(shared.read(0)) - len(TLS_FIELDS) + TLS_FIELDS.index("record_layer")
+    for worker, layer in enumerate((1, 4, 0)):
+        row = shared.read(worker)
+        row[at] = layer
+        row[at - TLS_FIELDS.index("record_layer") + TLS_FIELDS.index("selftest_failures")] = int(layer == 4)
+        shared.write(worker, row)
+    tls = shared.tls()
+    assert tls["record_layer"] == {"0": "lean", "1": "openssl: a self-test failed", "2": "none"}
+    assert tls["lean_fallback_workers"] == 1 and tls["selftest_failures"] == 1
+    families = {f.name: f for f in tls_families(tls)}
+    assert families["migratory_tls_lean_fallback"].samples[0].value == 1
+    assert families["migratory_tls_lean_selftest_failures"].samples[0].value == 1
+    layers = {(s.labels["worker"], s.labels["layer"]) for s in families["migratory_tls_record_layer"].samples}
+    assert layers == {("0", "lean"), ("1", "openssl: a self-test failed"), ("2", "none")}
 
 
 def test_record_layer_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:

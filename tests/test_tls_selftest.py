@@ -44,6 +44,8 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a new process: no verdict cached yet (the real one comes back after the test)."""
     monkeypatch.setattr(tlstransport, "_verdict", [])
+    monkeypatch.setattr(tlstransport, "record_layer", [0])
+    monkeypatch.setattr(tlstransport, "counters", dict.fromkeys(tlstransport.counters, 0))
 
 
 def lean_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -133,6 +135,12 @@ def test_a_wrong_byte_from_the_c_sealer_turns_lean_off_with_one_warning(
     assert "self-test seal-rfc8448-c failed" in warnings[0]
     assert "every connection keeps OpenSSL's record layer" in warnings[0]
     assert [r.levelno for r in caplog.records if r.levelno >= logging.WARNING] == [logging.WARNING]
+    # not one log line only (issue 52, I1): the worker's record layer and a counter say so, for /stats and /metrics
+    assert tlstransport.RECORD_LAYERS[tlstransport.record_layer[0]] == "openssl: a self-test failed"
+    assert tlstransport.counters["selftest_failures"] == 1
+    from migratory.server.node.counters import TLS_FIELDS, tls_values
+
+    assert tls_values()[TLS_FIELDS.index("record_layer")] == 4
 
 
 class WrongByteChaCha:

@@ -65,9 +65,10 @@ DENIAL_REASONS = (
     "not_ready",
     "reserved_subject",
 )
-TLS_COUNTERS = ("lean_connections", "bad_record_mac", "handshake_failures")
+TLS_COUNTERS = ("lean_connections", "bad_record_mac", "handshake_failures", "selftest_failures")
 TLS_FIELDS = (
     *TLS_COUNTERS,
+    "record_layer",  # a state, not a count: the index of tlstransport.RECORD_LAYERS this worker uses
     *(f"openssl:{reason}" for reason in tlstransport.FALLBACK_REASONS),
     *(f"alerts_sent:{alert}" for alert in tlstransport.ALERT_LABELS),
     *(f"alerts_received:{alert}" for alert in tlstransport.ALERT_LABELS),
@@ -148,8 +149,14 @@ class SharedCounters:
             family, _, key = field.partition(":")
             if key:
                 out[family][key] = value
-            else:
+            elif field != "record_layer":
                 out[family] = value
+        at = offset + TLS_FIELDS.index("record_layer")
+        layers = [self.read(w)[at] for w in range(self.workers)]
+        names = tlstransport.RECORD_LAYERS
+        out["record_layer"] = {str(w): names[v] if 0 <= v < len(names) else "none" for w, v in enumerate(layers)}
+        # workers whose TLS records OpenSSL carries although the lean layer was asked for: alert on it
+        out["lean_fallback_workers"] = sum(1 for v in layers if v >= 3)
         return out
 
     def save(self) -> None:
@@ -171,5 +178,8 @@ def tls_values() -> list[int]:
     values = []
     for field in TLS_FIELDS:
         family, _, key = field.partition(":")
-        values.append(tables[family].get(key, 0) if key else tlstransport.counters.get(family, 0))
+        if field == "record_layer":
+            values.append(tlstransport.record_layer[0])
+        else:
+            values.append(tables[family].get(key, 0) if key else tlstransport.counters.get(family, 0))
     return values

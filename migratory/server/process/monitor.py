@@ -38,6 +38,7 @@ from migratory.server.node.counters import (
     SAVE_EVERY,
     TLS_FIELDS,
     SharedCounters,
+    TLS_FIELDS,
     tls_values,
 )
 from migratory.stats import INDICATORS
@@ -106,6 +107,7 @@ class Monitor:
         offset = len(COUNTERS) + len(DENIAL_REASONS)
         for i in range(len(shared.listeners)):
             self.base[offset + i] = 0
+        self.base[offset + len(shared.listeners) + TLS_FIELDS.index("record_layer")] = 0  # a state: this process's
         config = engine.config
         self.stats_log: JsonLineWriter | None = None
         if self.keeper and config.stats_log_interval:

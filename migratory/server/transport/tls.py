@@ -277,7 +277,12 @@ ALERT_NAMES = {
 ALERT_LABELS = (*ALERT_NAMES.values(), "other")
 """Every value of the ``alert`` label: an RFC 8446 name, or ``other`` (a code RFC 8446 does not list)."""
 
-counters: dict[str, int] = {"lean_connections": 0, "bad_record_mac": 0, "handshake_failures": 0}
+counters: dict[str, int] = {"lean_connections": 0, "bad_record_mac": 0, "handshake_failures": 0, "selftest_failures": 0}
+RECORD_LAYERS = ("none", "lean", "openssl", "openssl: outside the supported matrix", "openssl: a self-test failed")
+"""What carries this process's TLS records after the handshake, as :data:`record_layer` numbers it: no TLS
+listener yet; the lean layer; OpenSSL because ``TLSLeanTransport = false``; OpenSSL because the lean
+layer turned itself off (:func:`lean_verdict`) - the last two a fallback an operator must hear of."""
+record_layer = [0]  # an index into RECORD_LAYERS, set when this process's first TLS listener starts
 """This process's TLS counters since it started (the monitor copies them into the worker's slot):
 ``lean_connections``, connections the lean record layer took over; ``bad_record_mac``, records of
 the peer whose AEAD tag did not verify; ``handshake_failures``, handshakes that failed (an error from
@@ -724,6 +729,14 @@ class TLSServer:
         # and the keylog hook is not even set on the context; so it is outside the supported matrix
         # or when the start-up self-tests fail (lean_verdict: one WARNING per process)
         self.lean = lean and lean_verdict() is None and enable(context)
+        # this process's record layer, as /stats and /metrics show it (the self-tests' own servers, made inside
+        # lean_verdict, come first: the listener's word is the last)
+        if self.lean:
+            record_layer[0] = 1
+        elif not lean:
+            record_layer[0] = 2
+        else:  # asked for and refused: outside the matrix, or a self-test failed (a counter and the alert metric)
+            record_layer[0] = 4 if (_verdict and _verdict[0] and "self-test" in _verdict[0]) else 3
         self.sealer = c_sealer() if self.lean else None  # AES-GCM records sealed in C
         self._active: list[TLSTransport] = []  # connections holding a cipher object
         self._sweeping: asyncio.TimerHandle | None = None
@@ -1738,6 +1751,7 @@ def lean_verdict() -> str | None:
             failed = run_selftests()
             if failed is not None:
                 reason = f"its start-up self-test {failed} failed"
+                counters["selftest_failures"] += 1
         selftest_seconds[:] = [time.perf_counter() - started]
         _verdict.append(reason)
         if reason is None:
