@@ -38,7 +38,6 @@ from migratory.server.node.counters import (
     SAVE_EVERY,
     TLS_FIELDS,
     SharedCounters,
-    TLS_FIELDS,
     tls_values,
 )
 from migratory.stats import INDICATORS
