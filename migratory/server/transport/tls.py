@@ -83,9 +83,9 @@ cipher objects' own copies (freed by OpenSSL and ``cryptography``, which cleanse
 **Backpressure** (review of issue 31, D5). Whatever a peer sends may ask for output: a
 request of the application, a ``KeyUpdate`` with ``update_requested``, records OpenSSL answers.
 So a connection is not read while TCP cannot take more of its output (``pause_writing``: the
-transport's buffer is over its high-water mark), as ``openssl s_server`` does; ``KeyUpdate``
-requests get one answer however many came (RFC 8446 4.6.3), sent at the end of the read or
-before our next record, and held back (not sealed) while TCP is paused; what TLS holds back
+transport's buffer is over its high-water mark), as ``openssl s_server`` does; each ``KeyUpdate``
+request gets its own answer (RFC 8446 4.6.3), at once while TCP takes what we write, else held back
+(not sealed) while TCP is paused, at most :data:`MAX_OWED_KEY_UPDATES` of them; what TLS holds back
 (that answer, OpenSSL's records in its outgoing BIO) counts against the connection's output
 limit together with the application's own queue (``MaxPendingOutput``, see
 :meth:`TLSTransport._within_limit`). A peer flooding tiny records meets :data:`RECORD_RATE`
