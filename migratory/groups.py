@@ -98,8 +98,7 @@ def assign(table: Table, live: Sequence[int], size: int, incarnations: Mapping[i
     """The next table for ``live`` members: groups whose owner should change get new epochs.
 
     A group keeps its coordinator while that member is live and still the rendezvous
-    choice; otherwise it moves, with an epoch above every epoch in the table. A change never takes a
-    majority of the table's members out at once (they stay listed, owning nothing, until a later view). A member
+    choice; otherwise it moves, with an epoch above every epoch in the table. A member
     whose agent restarted (``incarnations`` names another process than the table admitted)
     is admitted anew, and its groups get new epochs: the new process must not be taken for
     the old one, nor continue numbering under the old one's epochs.
@@ -108,13 +107,6 @@ def assign(table: Table, live: Sequence[int], size: int, incarnations: Mapping[i
     if not serving:
         return table
     members = serving
-    gone = set(table.members) - set(serving)
-    if len(gone) > (len(table.members) - 1) // 2:
-        # Never a majority of the table out in one change: every acknowledged message is held by two of its
-        # members, and a view that lost most of them at once (links that broke together, heartbeats late)
-        # is more likely wrong than right. They stay listed (their groups still move to members that
-        # serve, whose claims wait for them) until a view with fewer of them gone takes them out one by one.
-        members = tuple(sorted(set(serving) | gone))
     known = incarnations or {}
     restarted = {m for m in serving if table.incarnation_of(m) not in (None, known.get(m, table.incarnation_of(m)))}
     top = max(table.epochs)

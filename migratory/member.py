@@ -182,7 +182,8 @@ class Member:
         self.links_problem: Callable[[], str] = str  # the agent's word on its worker links ("" when all are up)
         self.started = now
         self.table = Table()
-        self.leader = False  # this member is the seed members' leader (set by the consensus adapter)
+        self._leader = False
+        self._leading_since = 0.0  # when this member last became the seeds' leader
         self.leader_quorum = False
         self.term = 0  # the seed members' Raft term, as this seed's consensus knows it (0 elsewhere)
         self.last_leader_heartbeat = -1e9
@@ -261,6 +262,17 @@ class Member:
 
     def owner(self, group: int) -> int:
         return owner_of(self.epochs[group], self.n)
+
+    @property
+    def leader(self) -> bool:
+        """This member is the seed members' Raft leader (set by the consensus adapter)."""
+        return self._leader
+
+    @leader.setter
+    def leader(self, value: bool) -> None:
+        if value and not self._leader:
+            self._leading_since = self._last_tick if self._last_tick is not None else self.started
+        self._leader = value
 
     @property
     def quorum(self) -> bool:
@@ -862,12 +874,18 @@ class Member:
                 live[j] = p.incarnation
         if self.serving:
             live[self.me] = self.s.incarnation
-            if now - self._serving_since < self.s.heartbeat_timeout:
-                # serving again only just (after a cut-off, a pause, a rejoin): its links to the others may not
-                # be back yet, and what it does not see is no evidence against them
+            if now - max(self._serving_since, self._leading_since) < self.s.heartbeat_timeout:
+                # serving again only just (after a cut-off, a pause, a rejoin), or leading only just (a seed
+                # that was cut off can win the election its higher term forces once the cut heals): its links
+                # to the others may not be back yet, and what it does not see is no evidence against them
                 for j in table.members:
                     if j not in live and j != self.me and (j not in self.peers or not self.peers[j].beats):
                         live[j] = table.incarnation_of(j) or 0
+            elif not any(j != self.me and j in table.members for j in live):
+                # it hears none of the table's other members: more likely its own links failed (a reset that
+                # left it leading) than all of them at once; it takes nobody out until it hears one again
+                for j in table.members:
+                    live.setdefault(j, table.incarnation_of(j) or 0)
         return live
 
     def _table_frame(self) -> TableFrame:
@@ -1245,7 +1263,10 @@ class Member:
         would count as a holder of what it no longer holds); and a peer the table lists whose link came up
         again and has not spoken yet, for a heartbeat timeout (a link that broke and came back is not a
         member that died: without this grace the leader dropped it from the table at once, and it started
-        over; found by tests/test_member_schedules.py)."""
+        over). Every member the table lists counts too while this member has served, or led, for less than
+        a heartbeat timeout, and while it hears none of them (its own links failed, more likely than all of
+        theirs). Found by tests/test_member_schedules.py: a leader whose links had just reset took the
+        members holding the history out of the table, and what they acknowledged was lost."""
         return sorted(self.live_incarnations())
 
     def leader_index(self) -> int:

@@ -223,8 +223,8 @@ class Net:
         if not self.guaranteed or self.hold_tables:
             return
         seeds = [i for i in sorted(self.members) if i < 3]
-        for member in self.members.values():
-            member.leader = False
+        for index, member in self.members.items():
+            member.leader = bool(seeds) and index == seeds[0]  # as Raft's flag: it changes only at an election
         if not seeds:
             return
         leader = self.members[seeds[0]]

@@ -87,15 +87,31 @@ def _propose(net: Net, rng: random.Random) -> None:
     read); the seeds learn the committed table now or later (some only the newest, the others forward it
     over the member links). Now and then another seed wins an election (the old leader paused, or not)."""
     runs = [i for i in net.members if i not in net.frozen]
-    if net.leader in net.frozen or net.leader not in net.members or rng.random() < 0.05:
-        net.leader = rng.choice(runs)
+    cut = any(frozenset((net.leader, i)) in net.cut for i in net.members)
+    if net.leader in net.frozen or net.leader not in net.members or cut or rng.random() < 0.05:
+        # an election: Raft's winner holds the newest committed table (its log is up to date) and reaches a
+        # majority of the seeds; a leader cut off or paused has lost its place to one
+        candidates = [
+            i
+            for i in runs
+            if net.members[i].table.version == net.table.version
+            and not any(frozenset((i, j)) in net.cut for j in net.members)
+        ]
+        if not candidates:
+            return
+        net.leader = rng.choice(candidates)
         for index, member in net.members.items():
             member.leader = member.leader_quorum = index == net.leader
     leader = net.members[net.leader]
+    # Raft commits only what a majority of the seeds takes: a leader cut off (its links are the network
+    # Raft runs on too) proposes nothing, and only the seeds it reaches learn the table now
+    reached = [i for i in runs if i == net.leader or frozenset((i, net.leader)) in net.links]
+    if len(reached) < 2:
+        return
     proposal = assign(net.table, leader.live_members(), net.size, leader.live_incarnations())
     if proposal.version == net.table.version:
         return
-    learners = [i for i in runs if i == net.leader or rng.random() < 0.7]
+    learners = [i for i in reached if i == net.leader or rng.random() < 0.7]
     net.give_table(proposal, learners)
 
 
