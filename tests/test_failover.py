@@ -127,17 +127,28 @@ def test_without_a_seed_majority_guaranteed_publishes_fail_cleanly(tmp_path: Pat
             async with MigratoryClient([cluster[0].ws_url]) as publisher:
                 assert await publisher.publish("/s/q", b"kept", guaranteed=True) is Status.NO_SUBSCRIBER
             loop = asyncio.get_running_loop()
+            statuses: list[tuple[Status | None, str]] = []
+            p = MigratoryClient(
+                [cluster[0].ws_url], on_status=lambda e: statuses.append((e.status, e.detail)), reconnect=False
+            )
+            await p.connect()
             await loop.run_in_executor(None, cluster.kill, 1)
             await loop.run_in_executor(None, cluster.kill, 2)
             await asyncio.sleep(2.5)  # the lone seed's leader lease runs out
-            statuses: list[tuple[Status, str]] = []
-            async with MigratoryClient(
-                [cluster[0].ws_url], on_status=lambda e: statuses.append((e.status, e.detail))
-            ) as p:  # type: ignore[arg-type, return-value]
-                started = time.monotonic()
-                assert await p.publish("/s/q", b"refused", guaranteed=True) is Status.FAILED
-                assert time.monotonic() - started < 8  # an answer, not silence
-            assert any("quorum" in reason or "second" in reason for _, reason in statuses)
+            started = time.monotonic()
+            assert await p.publish("/s/q", b"refused", guaranteed=True) is Status.FAILED
+            assert time.monotonic() - started < 8  # an answer, not silence
+            # then it sends its clients away (close 1013: it is cut off from the seeds' majority) and refuses
+            # new ones with a 503 that says why, until a majority is back (issue 48)
+            deadline = time.monotonic() + 10
+            while p.connected and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert not p.connected
+            await p.close()
+            assert any(reason and ("quorum" in reason or "1013" in reason) for _, reason in statuses), statuses
+            with pytest.raises(ConnectionError, match="503"):
+                async with MigratoryClient([cluster[0].ws_url], reconnect=False):
+                    pass
             for index in (1, 2):
                 await loop.run_in_executor(None, cluster.start, index)
             await loop.run_in_executor(None, cluster.wait_ready, [1, 2], 60.0)
@@ -181,11 +192,22 @@ def test_twelve_members_tolerate_the_seed_table(tmp_path: Path, seeds: int, down
             for index in survivors:
                 snapshots = [await loop.run_in_executor(None, cluster.snapshot, index, s) for s in subjects]
                 assert all(s is not None and s["content"] == "after" and s["seq"] == 2 for s in snapshots)
-            # one more seed down: the majority is gone, guaranteed publications are refused
-            await loop.run_in_executor(None, cluster.kill, 0)
-            await asyncio.sleep(2.5)
-            async with MigratoryClient([cluster[survivors[-1]].ws_url]) as publisher:
+            # one more seed down: the majority is gone; the members left refuse guaranteed publications, then
+            # (cut off from the seeds' majority) send their clients away and refuse new ones with a 503 (issue 48)
+            async with MigratoryClient([cluster[survivors[-1]].ws_url], reconnect=False) as publisher:
+                await loop.run_in_executor(None, cluster.kill, 0)
+                await asyncio.sleep(1.6)  # the lone seeds' leader lease runs out (heartbeat timeout 1.5 s)
                 assert await publisher.publish(subjects[0], b"refused", guaranteed=True) is Status.FAILED
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    async with MigratoryClient([cluster[survivors[-1]].ws_url], reconnect=False):
+                        pass
+                except ConnectionError as refused:
+                    assert "503" in str(refused)
+                    break
+                assert time.monotonic() < deadline, "a member without a seed majority still takes clients"
+                await asyncio.sleep(0.2)
 
         run(scenario(), timeout=240)
 

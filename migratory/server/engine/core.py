@@ -76,6 +76,7 @@ if TYPE_CHECKING:
 __all__ = ["Authorizer", "Engine", "Origin", "PublishResult", "Reply", "Stats"]
 
 log = logging.getLogger("migratory.server")
+KEEPALIVE_FLOOR_MS = 2000  # the shortest keep-alive the server promises (ServerKeepAlive below it is raised)
 
 
 RESERVED_PREFIX = "/migratory/"
@@ -162,7 +163,10 @@ class Engine:
         self.max_message_size = config.message_size_limit
         # protocol version 3: the longest this server stays silent on a connection (0: no promise), and the
         # NOTIFY that breaks a silence, built once
-        self.keepalive_ms = config.server_keep_alive_ms
+        # at least KEEPALIVE_FLOOR_MS: the checks run on the 1-second timer wheel, so the longest silence is
+        # about a third of it plus a second, which must stay well inside what the client waits
+        keepalive = config.server_keep_alive_ms
+        self.keepalive_ms = max(keepalive, KEEPALIVE_FLOOR_MS) if keepalive else 0
         self.keepalive_frame = build_frame(OP_BINARY, encode_notify(NotifyCode.KEEPALIVE, ""))
         self.batching_size = config.batching_size
         self.max_pending = config.max_pending_output
@@ -819,6 +823,8 @@ class Engine:
     def not_ready_reason(self) -> str:
         if self.ready:
             return "" if self.healthy else str(self.cluster_info.get("reason", ""))
+        if self.cluster_info.get("isolated"):
+            return str(self.cluster_info["isolated"])
         if self.bus is None or not self.bus.linked(self.agent):
             return "this worker is not linked to the member agent"
         if self.loop.time() - self._agent_said > AGENT_SILENCE:

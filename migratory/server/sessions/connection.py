@@ -459,9 +459,8 @@ class Connection(Session, asyncio.Protocol):
         """A member still synchronising answers 503 so the client tries another (True: refused)."""
         if self.engine.ready:
             return False
-        self._http_error(
-            503, "this cluster member is synchronising; try another member", reason_code="not_ready", request=request
-        )
+        why = self.engine.not_ready_reason() or "this cluster member is synchronising"
+        self._http_error(503, f"{why}; try another member", reason_code="not_ready", request=request)
         return True
 
     def _upgrade(self, request: Request) -> None:
