@@ -18,7 +18,8 @@ import pytest
 
 from migratory.bench.leantls import LeanClient, lean_context, open_lean
 from migratory.certs import create_ca, issue_server_cert
-from migratory.server.transport.tls import _libssl, ssl_ctx_pointer, traffic_secret
+from migratory.server.transport.tls import ssl_ctx_pointer, traffic_secret
+from migratory.server.transport.tls.libssl import _libssl
 from tests.conftest import free_port
 
 

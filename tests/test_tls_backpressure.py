@@ -29,8 +29,9 @@ from typing import Any
 import pytest
 
 from migratory.server.transport import raw as rawtransport
-from migratory.server.transport import tls as tlstransport
 from migratory.server.transport.tls import SUITES, TLSServer, TLSTransport
+from migratory.server.transport.tls import keyupdate as tls_keyupdate
+from migratory.server.transport.tls import records as tls_records
 from tests.conftest import ServerProcess
 from tests.test_tls_review import UNEXPECTED_MESSAGE, assert_fatal_alert, lean_pair
 from tests.test_tlstransport import App, FakeTCP, Pair, client_context, pki, server_context, tls_server_process
@@ -568,7 +569,7 @@ def test_many_key_update_requests_get_one_answer_each(tls_server: TLSServer, pki
     pair.transport.data_received(wire)
     assert pair.app.received == b"after a hundred"
     answers = records_of(bytes(pair.tcp.out))
-    assert len(answers) == 100 and all(len(a) == tlstransport._KEY_UPDATE_SIZE for a in answers)
+    assert len(answers) == 100 and all(len(a) == tls_keyupdate._KEY_UPDATE_SIZE for a in answers)
     assert pair.transport._wsecret != wsecret and not pair.transport._owed
     pair.transport.write(b"under our next key")  # the real client followed our hundred updates
     assert pair.receive() == b"under our next key"
@@ -694,13 +695,13 @@ def test_a_flood_of_one_byte_records_is_opened_at_record_rate(
     wire = b"".join(records.data(b"%c" % (48 + n % 10)) for n in range(count))
     pair.transport.data_received(wire)
     # a burst is opened at once; the rest waits, unread, and so does TCP
-    assert len(pair.app.received) == tlstransport.RECORD_BURST
+    assert len(pair.app.received) == tls_records.RECORD_BURST
     assert not tcp.reading and len(pair.transport._rbuf) < len(wire)
     started = loop.time()
     loop.run_until_complete(asyncio.wait_for(wait_for(lambda: len(pair.app.received) == count), 10))
     elapsed = loop.time() - started
     assert pair.app.received == b"".join(b"%c" % (48 + n % 10) for n in range(count))
-    assert elapsed >= (count - tlstransport.RECORD_BURST * 1.5) / tlstransport.RECORD_RATE
+    assert elapsed >= (count - tls_records.RECORD_BURST * 1.5) / tls_records.RECORD_RATE
     assert tcp.reading and pair.transport._rbuf == b""
     pair.transport.write(b"still fine")
     assert pair.receive() == b"still fine"
@@ -711,12 +712,12 @@ def test_what_waits_past_the_record_rate_waits_for_an_application_that_paused_re
 ) -> None:
     pair, records = lean_pair(tls_server, pki)
     tcp = pausing(pair)
-    count = tlstransport.RECORD_BURST + 100
+    count = tls_records.RECORD_BURST + 100
     pair.transport.data_received(b"".join(records.data(b"x") for _ in range(count)))
-    assert len(pair.app.received) == tlstransport.RECORD_BURST and not tcp.reading
+    assert len(pair.app.received) == tls_records.RECORD_BURST and not tcp.reading
     pair.transport.pause_reading()
     loop.run_until_complete(asyncio.sleep(0.2))  # the allowance has grown, but the application does not read
-    assert len(pair.app.received) == tlstransport.RECORD_BURST and not tcp.reading
+    assert len(pair.app.received) == tls_records.RECORD_BURST and not tcp.reading
     pair.transport.resume_reading()
     assert pair.app.received == b"x" * count and tcp.reading
 
@@ -741,7 +742,7 @@ async def wait_for(predicate: Callable[[], bool]) -> None:
 
 def test_empty_records_are_limited_as_openssl_limits_them(tls_server: TLSServer, pki: dict[str, Path]) -> None:
     pair, records = lean_pair(tls_server, pki)
-    limit = tlstransport.MAX_EMPTY_RECORDS
+    limit = tls_records.MAX_EMPTY_RECORDS
     # as many as OpenSSL allows, then data (which starts the count again), then as many again
     pair.transport.data_received(b"".join(records.data(b"") for _ in range(limit)) + records.data(b"a"))
     pair.transport.data_received(b"".join(records.data(b"") for _ in range(limit)) + records.data(b"b"))
@@ -761,6 +762,6 @@ def test_openssl_mode_opens_data_records_at_record_rate(pki: dict[str, Path], lo
     for n in range(count):
         pair.client.write(b"%c" % (48 + n % 10))
     pair.transport.data_received(pair.c_out.read())
-    assert len(pair.app.received) == tlstransport.RECORD_BURST and not tcp.reading
+    assert len(pair.app.received) == tls_records.RECORD_BURST and not tcp.reading
     loop.run_until_complete(asyncio.wait_for(wait_for(lambda: len(pair.app.received) == count), 10))
     assert pair.app.received == b"".join(b"%c" % (48 + n % 10) for n in range(count)) and tcp.reading

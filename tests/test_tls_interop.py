@@ -8,7 +8,7 @@ Engine, Connection, the TLS listener on the worker's epoll transport, the contex
 then a native CONNECT, SUBSCRIBE, PUBLISH and the MESSAGE back (or a ``GET /health``), and checks
 which record layer carried it: the server's transport for that connection (``lean``), what it
 negotiated (suite, resumption), the KeyUpdates it followed and sent, and
-``tlstransport.fallbacks``.
+``tls_stats.fallbacks``.
 
 Covered: the three TLS 1.3 suites; KeyUpdate both ways (the client's, with and without
 update_requested, and the server's own before its key's limit, made small here); max_fragment_length
@@ -34,8 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from migratory.server.transport import tls as tlstransport
 from migratory.server.transport.tls import SUITES
+from migratory.server.transport.tls import records as tls_records
+from migratory.server.transport.tls import stats as tls_stats
 from tests.test_tlstransport import pki
 from tests.tls_interop_support import (
     HRR_RANDOM,
@@ -93,7 +94,7 @@ def connections(observer: Observer, mark: int, count: int = 1) -> list[Seen]:
 
 
 def unchanged(before: dict[str, int]) -> bool:
-    return tlstransport.fallbacks == before
+    return tls_stats.fallbacks == before
 
 
 # --- every suite -------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def unchanged(before: dict[str, int]) -> bool:
 @needs_tlslite
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_tlslite_ng_every_suite(live: LiveServer, observer: Observer, suite: str) -> None:
-    before, mark = dict(tlstransport.fallbacks), observer.mark()
+    before, mark = dict(tls_stats.fallbacks), observer.mark()
     with closing(TlsliteClient(live.port, ciphers=[TLSLITE_NAMES[suite]])) as client:
         assert client.version == (3, 4) and client.cipher == TLSLITE_NAMES[suite]
         pub_sub(client, f"/interop/tlslite/{suite}", [b"small", BIG])
@@ -113,7 +114,7 @@ def test_tlslite_ng_every_suite(live: LiveServer, observer: Observer, suite: str
 @needs_openssl
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_s_client_every_suite(live: LiveServer, observer: Observer, pki: dict[str, Path], suite: str) -> None:
-    before, mark = dict(tlstransport.fallbacks), observer.mark()
+    before, mark = dict(tls_stats.fallbacks), observer.mark()
     with closing(SClient(live.port, pki["ca"], "-ciphersuites", suite)) as client:
         assert f"Ciphersuite: {suite}" in client.stderr
         pub_sub(client, f"/interop/s_client/{suite}", [b"small", BIG])
@@ -124,7 +125,7 @@ def test_s_client_every_suite(live: LiveServer, observer: Observer, pki: dict[st
 @needs_tlslite
 @needs_openssl
 def test_health_over_both_clients(live: LiveServer, observer: Observer, pki: dict[str, Path]) -> None:
-    before, mark = dict(tlstransport.fallbacks), observer.mark()
+    before, mark = dict(tls_stats.fallbacks), observer.mark()
     with closing(TlsliteClient(live.port)) as client:
         assert b'"status"' in health(client)
     with closing(SClient(live.port, pki["ca"])) as client:
@@ -153,7 +154,7 @@ def key_updates_both_ways(
     session.round_trip(subject, b"after update_requested " + big)
     assert (seen.client_key_updates, seen.server_key_updates) == (2, 1)
     # the server's own KeyUpdates, before its key's limit (made 3 records here instead of 2^24)
-    monkeypatch.setattr(tlstransport, "KEY_UPDATE_AFTER", 3)
+    monkeypatch.setattr(tls_records, "KEY_UPDATE_AFTER", 3)
     for n in range(12):  # about one or two records each
         session.round_trip(subject, b"under the server's key number %d" % n)
     assert seen.server_key_updates >= 1 + 3 and seen.client_key_updates == 2
@@ -164,7 +165,7 @@ def key_updates_both_ways(
 def test_tlslite_ng_key_updates_both_ways(
     live: LiveServer, observer: Observer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    before, mark = dict(tlstransport.fallbacks), observer.mark()
+    before, mark = dict(tls_stats.fallbacks), observer.mark()
 
     def seen_of() -> Seen:
         return connections(observer, mark)[0]
@@ -178,7 +179,7 @@ def test_tlslite_ng_key_updates_both_ways(
 def test_s_client_key_updates_both_ways(
     live: LiveServer, observer: Observer, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    before, mark = dict(tlstransport.fallbacks), observer.mark()
+    before, mark = dict(tls_stats.fallbacks), observer.mark()
 
     def seen_of() -> Seen:
         return connections(observer, mark)[0]
@@ -219,7 +220,7 @@ def record_lengths(stream: bytes) -> list[int]:
 def test_s_client_max_fragment_length_stays_on_openssls_records(
     live: LiveServer, observer: Observer, pki: dict[str, Path], tmp_path: Path, fragment: int
 ) -> None:
-    before, mark = dict(tlstransport.fallbacks), observer.mark()
+    before, mark = dict(tls_stats.fallbacks), observer.mark()
     msgfile = tmp_path / "msg.log"
     subject = f"/interop/mfl/{fragment}"
     with closing(SClient(live.port, pki["ca"], "-maxfraglen", str(fragment), msgfile=msgfile)) as client:
@@ -234,8 +235,8 @@ def test_s_client_max_fragment_length_stays_on_openssls_records(
         session.round_trip(subject, b"after a KeyUpdate " + b"m" * 3800)
     seen = connections(observer, mark, 2)
     assert all(not s.lean and s.transport._suite is None and s.cipher in SUITES for s in seen)
-    assert tlstransport.fallbacks["max_fragment_length"] == before.get("max_fragment_length", 0) + 2
-    assert {k: v for k, v in tlstransport.fallbacks.items() if k != "max_fragment_length"} == {
+    assert tls_stats.fallbacks["max_fragment_length"] == before.get("max_fragment_length", 0) + 2
+    assert {k: v for k, v in tls_stats.fallbacks.items() if k != "max_fragment_length"} == {
         k: v for k, v in before.items() if k != "max_fragment_length"
     }
 
@@ -246,7 +247,7 @@ def test_tlslite_ng_record_size_limit_is_not_agreed_and_lean_carries_full_record
 ) -> None:
     """OpenSSL implements no RFC 8449 record_size_limit, so it never acknowledges one (docs/security.md):
     the lean layer takes the connection over and may send 16 KB records, which the client must accept."""
-    before, mark = dict(tlstransport.fallbacks), observer.mark()
+    before, mark = dict(tls_stats.fallbacks), observer.mark()
     with closing(TlsliteClient(live.port, record_size_limit=64)) as client:
         pub_sub(client, "/interop/record-size-limit/1", [BIG])
         assert max(record_lengths(bytes(client.raw.received))) > (1 << 14)  # full-size records, unrefused
@@ -284,7 +285,7 @@ def server_hellos(msgfile: Path) -> list[bytes]:
 def test_tlslite_ng_hello_retry_request(
     live: LiveServer, observer: Observer, groups: list[str] | None, key_shares: list[str]
 ) -> None:
-    before, mark = dict(tlstransport.fallbacks), observer.mark()
+    before, mark = dict(tls_stats.fallbacks), observer.mark()
     with closing(TlsliteClient(live.port, groups=groups, key_shares=key_shares)) as client:
         assert client.hello_retry_request
         pub_sub(client, f"/interop/hrr/{len(key_shares)}", [b"after a HelloRetryRequest", BIG])
@@ -302,7 +303,7 @@ def test_hello_retry_request_from_a_server_with_one_group(
     server = LiveServer(tmp_path / "p384", pki, context_hook=lambda context: context.set_ecdh_curve("secp384r1"))
     server.start()
     try:
-        before, mark = dict(tlstransport.fallbacks), observer.mark()
+        before, mark = dict(tls_stats.fallbacks), observer.mark()
         msgfile = tmp_path / "msg.log"
         with closing(SClient(server.port, pki["ca"], msgfile=msgfile)) as client:
             assert "Server Temp Key: ECDH, secp384r1" in client.stderr
@@ -323,7 +324,7 @@ def test_hello_retry_request_from_a_server_with_one_group(
 
 @needs_tlslite
 def test_tlslite_ng_session_resumption(live: LiveServer, observer: Observer) -> None:
-    before, mark = dict(tlstransport.fallbacks), observer.mark()
+    before, mark = dict(tls_stats.fallbacks), observer.mark()
     with closing(TlsliteClient(live.port)) as first:
         pub_sub(first, "/interop/resume/tlslite", [b"first"])  # reading takes the server's tickets in
         session = first.session
@@ -338,7 +339,7 @@ def test_tlslite_ng_session_resumption(live: LiveServer, observer: Observer) -> 
 def test_s_client_session_resumption(
     live: LiveServer, observer: Observer, pki: dict[str, Path], tmp_path: Path
 ) -> None:
-    before, mark = dict(tlstransport.fallbacks), observer.mark()
+    before, mark = dict(tls_stats.fallbacks), observer.mark()
     saved = tmp_path / "session.pem"
     with closing(SClient(live.port, pki["ca"], "-sess_out", str(saved))) as first:
         pub_sub(first, "/interop/resume/s_client", [b"first"])

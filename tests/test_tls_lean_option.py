@@ -15,8 +15,8 @@ from migratory.certs import issue_server_cert
 from migratory.client import MigratoryClient
 from migratory.config import Config, ConfigError
 from migratory.protocol import Status
-from migratory.server.transport import tls as tlstransport
 from migratory.server.transport.tls import TLSServer
+from migratory.server.transport.tls import keylog as tls_keylog
 from tests.conftest import ServerProcess
 from tests.test_tls import new_certificate_served, peer_serial
 from tests.test_tlstransport import App, Pair, client_context, pki, server_context, tls_server_process
@@ -46,7 +46,7 @@ def test_lean_false_keeps_openssl_and_never_sets_the_hook(
     def refuse(context: ssl.SSLContext) -> bool:
         raise AssertionError("the keylog hook must not be set with TLSLeanTransport = false")
 
-    monkeypatch.setattr(tlstransport, "enable", refuse)
+    monkeypatch.setattr(tls_keylog, "enable", refuse)
     server = TLSServer(server_context(pki), App, 5.0, loop, lean=False)
     assert not server.lean
     pair = Pair(server, client_context(pki))

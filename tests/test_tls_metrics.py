@@ -29,7 +29,7 @@ from migratory.certs import create_ca, issue_server_cert
 from migratory.client import MigratoryClient
 from migratory.metrics import node_families, tls_families
 from migratory.server.node.counters import TLS_FIELDS, SharedCounters, tls_values
-from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import stats as tls_stats
 from tests.conftest import ServerProcess, free_port
 
 
@@ -206,7 +206,7 @@ def test_tls_counters_in_metrics_summed_over_the_workers(
     for table in answers:
         assert value(table, "migratory_tls_lean_connections_total") == 3
         assert value(table, "migratory_tls_openssl_connections_total", reason="max_fragment_length") == 1
-        for reason in tlstransport.FALLBACK_REASONS:  # every reason is exposed, the others at zero
+        for reason in tls_stats.FALLBACK_REASONS:  # every reason is exposed, the others at zero
             expected = 1 if reason == "max_fragment_length" else 0
             assert value(table, "migratory_tls_openssl_connections_total", reason=reason) == expected, reason
             assert (("reason", reason),) in table["migratory_tls_openssl_connections_total"]
@@ -238,9 +238,9 @@ def test_promtool_accepts_the_tls_metrics() -> None:
         "lean_connections": 3,
         "bad_record_mac": 1,
         "handshake_failures": 2,
-        "openssl": dict.fromkeys(tlstransport.FALLBACK_REASONS, 0) | {"max_fragment_length": 1},
-        "alerts_sent": dict.fromkeys(tlstransport.ALERT_LABELS, 0) | {"bad_record_mac": 1, "close_notify": 4},
-        "alerts_received": dict.fromkeys(tlstransport.ALERT_LABELS, 0) | {"close_notify": 2, "other": 1},
+        "openssl": dict.fromkeys(tls_stats.FALLBACK_REASONS, 0) | {"max_fragment_length": 1},
+        "alerts_sent": dict.fromkeys(tls_stats.ALERT_LABELS, 0) | {"bad_record_mac": 1, "close_notify": 4},
+        "alerts_received": dict.fromkeys(tls_stats.ALERT_LABELS, 0) | {"close_notify": 2, "other": 1},
     }
     from migratory.metrics import exposition
 
@@ -250,7 +250,7 @@ def test_promtool_accepts_the_tls_metrics() -> None:
 
 
 def test_a_workers_slot_carries_this_process_tls_counters() -> None:
-    """tlstransport's module-level counters go into the slot; the node is the sum of the slots."""
+    """the TLS layer's (tls/stats.py) module-level counters go into the slot; the node is the sum of the slots."""
     shared = SharedCounters(2, ("a",))
     width = len(shared.read(0))
     start = width - len(TLS_FIELDS)
@@ -261,12 +261,12 @@ def test_a_workers_slot_carries_this_process_tls_counters() -> None:
     shared.write(1, row)
     tls = shared.tls()
     assert tls["lean_connections"] == 2 and tls["bad_record_mac"] == 4 and tls["handshake_failures"] == 6
-    assert set(tls["openssl"]) == set(tlstransport.FALLBACK_REASONS)
-    assert set(tls["alerts_sent"]) == set(tls["alerts_received"]) == set(tlstransport.ALERT_LABELS)
+    assert set(tls["openssl"]) == set(tls_stats.FALLBACK_REASONS)
+    assert set(tls["alerts_sent"]) == set(tls["alerts_received"]) == set(tls_stats.ALERT_LABELS)
     families = {f.name: f for f in tls_families(tls)}
     assert families["migratory_tls_lean_connections"].samples[0].value == 2
     assert {s.labels["reason"] for s in families["migratory_tls_openssl_connections"].samples} == set(
-        tlstransport.FALLBACK_REASONS
+        tls_stats.FALLBACK_REASONS
     )
 
 
@@ -291,17 +291,17 @@ def test_a_worker_off_the_lean_layer_is_marked_in_stats_and_metrics() -> None:
 
 
 def test_record_layer_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
-    tlstransport._warned.pop("decode_error", None)
+    tls_stats._warned.pop("decode_error", None)
     with caplog.at_level("DEBUG", logger="migratory.server.tls"):
         for _ in range(3):
-            tlstransport._warn_limited("decode_error", ("192.0.2.1", 4433))
+            tls_stats._warn_limited("decode_error", ("192.0.2.1", 4433))
     levels = [r.levelname for r in caplog.records if "record-layer failure" in r.getMessage()]
     assert levels == ["WARNING", "DEBUG", "DEBUG"]
-    tlstransport._warned["decode_error"][0] -= tlstransport.WARN_EVERY  # a minute later
+    tls_stats._warned["decode_error"][0] -= tls_stats.WARN_EVERY  # a minute later
     caplog.clear()
     with caplog.at_level("DEBUG", logger="migratory.server.tls"):
-        tlstransport._warn_limited("decode_error", ("192.0.2.1", 4433))
+        tls_stats._warn_limited("decode_error", ("192.0.2.1", 4433))
     [record] = [r for r in caplog.records if "record-layer failure" in r.getMessage()]
     assert record.levelname == "WARNING" and "2 more since the last warning" in record.getMessage()
     assert "192.0.2.1" in record.getMessage()
-    tlstransport._warned.pop("decode_error", None)
+    tls_stats._warned.pop("decode_error", None)

@@ -26,8 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from migratory.server.transport import tls as tlstransport
 from migratory.server.transport.tls import TLSServer, TLSTransport
+from migratory.server.transport.tls import keylog as tls_keylog
+from migratory.server.transport.tls import keyupdate as tls_keyupdate
+from migratory.server.transport.tls import libssl as tls_libssl
+from migratory.server.transport.tls import stats as tls_stats
 from tests.conftest import ServerProcess
 from tests.test_tlstransport import App, Pair, client_context, loop, pki, server_context, tls_server, tls_server_process
 
@@ -90,9 +93,9 @@ def assert_fatal_alert(pair: Pair, alert: str) -> None:
 
 def with_max_fragment_length_512(context: ssl.SSLContext) -> ssl.SSLContext:
     """``context`` asking for max_fragment_length 512 (RFC 6066), as ``openssl s_client -maxfraglen 512`` does."""
-    lib = tlstransport._libssl()
+    lib = tls_libssl._libssl()
     assert lib is not None
-    pointer = tlstransport.ssl_ctx_pointer(context, lib)
+    pointer = tls_libssl.ssl_ctx_pointer(context, lib)
     assert pointer is not None
     lib.SSL_CTX_set_tlsext_max_fragment_length.restype = ctypes.c_int
     lib.SSL_CTX_set_tlsext_max_fragment_length.argtypes = [ctypes.c_void_p, ctypes.c_uint8]
@@ -126,26 +129,26 @@ def test_a_client_with_max_fragment_length_keeps_openssls_records(
 
 def test_fallbacks_are_counted_by_reason(pki: dict[str, Path], loop: asyncio.AbstractEventLoop) -> None:
     server = TLSServer(server_context(pki), App, 5.0, loop)
-    before = dict(tlstransport.fallbacks)
+    before = dict(tls_stats.fallbacks)
     pair = Pair(server, with_max_fragment_length_512(client_context(pki)))
     pair.handshake()
     assert not pair.transport.lean
-    assert tlstransport.fallbacks["max_fragment_length"] == before.get("max_fragment_length", 0) + 1
+    assert tls_stats.fallbacks["max_fragment_length"] == before.get("max_fragment_length", 0) + 1
     # a client without the extension: taken over, nothing counted
-    counted = dict(tlstransport.fallbacks)
+    counted = dict(tls_stats.fallbacks)
     plain = Pair(server, client_context(pki))
     plain.handshake()
-    assert plain.transport.lean and tlstransport.fallbacks == counted
+    assert plain.transport.lean and tls_stats.fallbacks == counted
     # TLS 1.2 under its own reason
     old = Pair(server, client_context(pki, ssl.TLSVersion.TLSv1_2))
     old.handshake()
-    assert not old.transport.lean and tlstransport.fallbacks["not_tls13"] == counted.get("not_tls13", 0) + 1
-    assert set(tlstransport.fallbacks) <= set(tlstransport.FALLBACK_REASONS)
+    assert not old.transport.lean and tls_stats.fallbacks["not_tls13"] == counted.get("not_tls13", 0) + 1
+    assert set(tls_stats.fallbacks) <= set(tls_stats.FALLBACK_REASONS)
     # a listener with TLSLeanTransport = false counts nothing: all its connections stay with OpenSSL by design
-    counted = dict(tlstransport.fallbacks)
+    counted = dict(tls_stats.fallbacks)
     off = Pair(TLSServer(server_context(pki), App, 5.0, loop, lean=False), client_context(pki))
     off.handshake()
-    assert not off.transport.lean and tlstransport.fallbacks == counted
+    assert not off.transport.lean and tls_stats.fallbacks == counted
 
 
 @pytest.mark.parametrize(
@@ -168,15 +171,15 @@ def test_every_state_lean_does_not_implement_stays_with_openssl(
     reason: str,
 ) -> None:
     """What libssl reports (early data, unread records, a pointer that is not this TLS 1.3 server's) decides."""
-    lib = tlstransport.negotiated_state_lib()
+    lib = tls_libssl.negotiated_state_lib()
     assert lib is not None
     server = TLSServer(server_context(pki), App, 5.0, loop)
-    before = tlstransport.fallbacks.get(reason, 0)
+    before = tls_stats.fallbacks.get(reason, 0)
     monkeypatch.setattr(lib, function, lambda *_args: value)
     pair = Pair(server, client_context(pki))
     pair.handshake()
     assert not pair.transport.lean and pair.transport._ssl is not None
-    assert tlstransport.fallbacks[reason] == before + 1
+    assert tls_stats.fallbacks[reason] == before + 1
     pair.send(b"through OpenSSL")
     pair.transport.write(b"answer")
     assert pair.app.received == b"through OpenSSL" and pair.receive() == b"answer"
@@ -186,7 +189,7 @@ def test_no_ssl_pointer_means_no_take_over(
     pki: dict[str, Path], loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = TLSServer(server_context(pki), App, 5.0, loop)
-    before = tlstransport.fallbacks.get("unverified", 0)
+    before = tls_stats.fallbacks.get("unverified", 0)
     refusal = TLSTransport._refusal
 
     def without_pointer(self: TLSTransport, sslobj: ssl.SSLObject) -> str | None:
@@ -197,7 +200,7 @@ def test_no_ssl_pointer_means_no_take_over(
     monkeypatch.setattr(TLSTransport, "_refusal", without_pointer)
     pair = Pair(server, client_context(pki))
     pair.handshake()
-    assert not pair.transport.lean and tlstransport.fallbacks["unverified"] == before + 1
+    assert not pair.transport.lean and tls_stats.fallbacks["unverified"] == before + 1
     assert pair.transport._sslp is None  # not kept past the handshake
 
 
@@ -208,34 +211,34 @@ def test_the_pointer_the_keylog_callback_reports_is_checked() -> None:
         _rsecret = b""
 
     target = Target()
-    tlstransport._Capture.target = target  # type: ignore[assignment]
+    tls_keylog._Capture.target = target  # type: ignore[assignment]
     try:
-        tlstransport._on_keylog(0x1000, b"SERVER_HANDSHAKE_TRAFFIC_SECRET 00 11")
-        tlstransport._on_keylog(0x1000, b"SERVER_TRAFFIC_SECRET_0 00 22")
+        tls_keylog._on_keylog(0x1000, b"SERVER_HANDSHAKE_TRAFFIC_SECRET 00 11")
+        tls_keylog._on_keylog(0x1000, b"SERVER_TRAFFIC_SECRET_0 00 22")
         assert target._sslp == 0x1000 and target._wsecret == b"\x22"
-        tlstransport._on_keylog(0x2000, b"CLIENT_TRAFFIC_SECRET_0 00 33")
+        tls_keylog._on_keylog(0x2000, b"CLIENT_TRAFFIC_SECRET_0 00 33")
         assert target._sslp == 0  # two SSL objects in one handshake: neither is trusted
-        tlstransport._on_keylog(0x1000, b"EXPORTER_SECRET 00 44")
+        tls_keylog._on_keylog(0x1000, b"EXPORTER_SECRET 00 44")
         assert target._sslp == 0
     finally:
-        tlstransport._Capture.target = None
+        tls_keylog._Capture.target = None
 
 
 def test_no_way_to_read_the_negotiated_state_means_no_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tlstransport, "negotiated_state_lib", lambda: None)
-    assert not tlstransport.enable(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER))
+    monkeypatch.setattr(tls_libssl, "negotiated_state_lib", lambda: None)
+    assert not tls_keylog.enable(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER))
 
 
 def test_fallbacks_are_logged_at_info_on_powers_of_two(
     pki: dict[str, Path], loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture
 ) -> None:
     transport = TLSTransport(TLSServer(server_context(pki), App, 5.0, loop), App())
-    tlstransport.fallbacks.pop("test-reason", None)
+    tls_stats.fallbacks.pop("test-reason", None)
     with caplog.at_level(logging.DEBUG, logger=_LOGGER):
         for _ in range(9):
             transport._fell_back("test-reason")
     levels = [r.levelno for r in caplog.records if r.name == _LOGGER and "test-reason" in r.getMessage()]
-    assert tlstransport.fallbacks.pop("test-reason") == 9
+    assert tls_stats.fallbacks.pop("test-reason") == 9
     assert [i + 1 for i, level in enumerate(levels) if level == logging.INFO] == [1, 2, 4, 8]
     assert levels.count(logging.DEBUG) == 5
 
@@ -423,10 +426,10 @@ def test_a_bounded_number_of_key_update_answers_waits_while_tcp_takes_nothing(
     pair, records = lean_pair(tls_server, pki)
     transport = pair.transport
     transport.pause_writing()
-    for _ in range(tlstransport.MAX_OWED_KEY_UPDATES * 3):
+    for _ in range(tls_keyupdate.MAX_OWED_KEY_UPDATES * 3):
         transport.data_received(records.handshake(b"\x18\x00\x00\x01\x01"))
         records.next_key()
-    assert transport._owed == tlstransport.MAX_OWED_KEY_UPDATES
+    assert transport._owed == tls_keyupdate.MAX_OWED_KEY_UPDATES
 
 
 def test_a_record_of_an_unknown_type_is_refused_at_its_header(tls_server: TLSServer, pki: dict[str, Path]) -> None:

@@ -19,8 +19,10 @@ from collections.abc import Iterator
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from migratory.server.transport import tls as tlstransport
 from migratory.server.transport.tls import SUITES, TLSServer, TLSTransport, expand_label
+from migratory.server.transport.tls import base as tls_base
+from migratory.server.transport.tls import keylog as tls_keylog
+from migratory.server.transport.tls import libssl as tls_libssl
 from tests.test_tlstransport import FakeTCP as TCP
 
 SUITE = SUITES["TLS_AES_128_GCM_SHA256"]
@@ -109,7 +111,7 @@ def rfc8448_connection(server: TLSServer, app: App) -> tuple[TLSTransport, TCP]:
     transport._tcp = tcp  # type: ignore[assignment]
     transport._wsecret, transport._rsecret = SERVER_SECRET, CLIENT_SECRET  # as the keylog callback sets them
     assert transport._take_over(FakeSSLObject(), NEW_SESSION_TICKET_RECORD)  # type: ignore[arg-type]
-    transport._state = tlstransport._RECORDS
+    transport._state = tls_base._RECORDS
     transport._made = True
     return transport, tcp
 
@@ -249,28 +251,28 @@ def test_empty_write_sends_no_record(server: TLSServer) -> None:
 
 
 def test_ctypes_layout_is_tried_only_where_it_is_known() -> None:
-    assert tlstransport.layout_known("cpython", (3, 11, 4))
-    assert not tlstransport.layout_known("cpython", (3, 99, 0))
-    assert not tlstransport.layout_known("cpython", (3, 7, 0))
-    assert not tlstransport.layout_known("pypy", (3, 11, 0))
+    assert tls_libssl.layout_known("cpython", (3, 11, 4))
+    assert not tls_libssl.layout_known("cpython", (3, 99, 0))
+    assert not tls_libssl.layout_known("cpython", (3, 7, 0))
+    assert not tls_libssl.layout_known("pypy", (3, 11, 0))
 
 
 def test_the_pointer_check_leaves_the_context_as_it_was() -> None:
-    lib = tlstransport._libssl()
+    lib = tls_libssl._libssl()
     assert lib is not None
     for extra in (0, ssl.OP_NO_RENEGOTIATION):
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.options |= extra
         before = int(context.options)
-        pointer = tlstransport.ssl_ctx_pointer(context, lib)
+        pointer = tls_libssl.ssl_ctx_pointer(context, lib)
         assert pointer is not None and int(context.options) == before
         assert lib.SSL_CTX_get_options(pointer) == before
 
 
 def test_unknown_layout_means_no_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tlstransport, "LAYOUT_VERSIONS", ((3, 0), (3, 1)))
-    lib = tlstransport._libssl()
+    monkeypatch.setattr(tls_libssl, "LAYOUT_VERSIONS", ((3, 0), (3, 1)))
+    lib = tls_libssl._libssl()
     assert lib is not None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    assert tlstransport.ssl_ctx_pointer(context, lib) is None
-    assert not tlstransport.enable(context)
+    assert tls_libssl.ssl_ctx_pointer(context, lib) is None
+    assert not tls_keylog.enable(context)

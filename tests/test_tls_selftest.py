@@ -1,7 +1,7 @@
 """The lean record layer's start-up self-tests and supported matrix, and how it keeps its secrets.
 
 B: before the first take-over each process runs known-answer tests of both sealers and a loopback
-handshake (:func:`tlstransport.run_selftests`), once; outside the supported matrix (another OpenSSL
+handshake (:func:`tls_selftest.run_selftests`), once; outside the supported matrix (another OpenSSL
 major, FIPS mode, an unknown CPython layout) or when a self-test fails, lean is off for every
 listener, said in one WARNING line. C: the keylog hook keeps only the two application traffic
 secrets of connections the lean layer may take over, in bytearrays that are wiped (zeros) when
@@ -22,9 +22,13 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from migratory.server.transport import tls as tlstransport
 from migratory.server.transport._tlsseal import Sealer
 from migratory.server.transport.tls import SUITES, TLSServer, TLSTransport
+from migratory.server.transport.tls import keylog as tls_keylog
+from migratory.server.transport.tls import libssl as tls_libssl
+from migratory.server.transport.tls import sealer as tls_sealer
+from migratory.server.transport.tls import selftest as tls_selftest
+from migratory.server.transport.tls import stats as tls_stats
 from tests.test_tls_review import lean_pair, with_max_fragment_length_512
 from tests.test_tlstransport import App, Pair, client_context, pki, server_context
 
@@ -43,9 +47,9 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a new process: no verdict cached yet (the real one comes back after the test)."""
-    monkeypatch.setattr(tlstransport, "_verdict", [])
-    monkeypatch.setattr(tlstransport, "record_layer", [0])
-    monkeypatch.setattr(tlstransport, "counters", dict.fromkeys(tlstransport.counters, 0))
+    monkeypatch.setattr(tls_selftest, "_verdict", [])
+    monkeypatch.setattr(tls_stats, "record_layer", [0])
+    monkeypatch.setattr(tls_stats, "counters", dict.fromkeys(tls_stats.counters, 0))
 
 
 def lean_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -61,7 +65,7 @@ def assert_off_for_every_connection(pki: dict[str, Path], loop: asyncio.Abstract
     context = server_context(pki)
     server = TLSServer(context, App, 5.0, loop)
     assert not server.lean and server.sealer is None
-    assert id(context) not in tlstransport._enabled
+    assert id(context) not in tls_keylog._enabled
     pair = Pair(server, client_context(pki))
     pair.handshake(with_data=b"GET / HTTP/1.1\r\n\r\n")
     assert pair.client.version() == "TLSv1.3" and not pair.transport.lean and pair.transport._ssl is not None
@@ -74,28 +78,28 @@ def assert_off_for_every_connection(pki: dict[str, Path], loop: asyncio.Abstract
 
 
 def test_the_self_tests_pass_here_and_are_cheap(fresh: None, caplog: pytest.LogCaptureFixture) -> None:
-    assert tlstransport.outside_matrix() is None  # CPython 3.11 with OpenSSL 3.0 is the supported matrix
+    assert tls_selftest.outside_matrix() is None  # CPython 3.11 with OpenSSL 3.0 is the supported matrix
     started = time.perf_counter()
-    assert tlstransport.run_selftests() is None
+    assert tls_selftest.run_selftests() is None
     elapsed = time.perf_counter() - started
     assert elapsed < 0.5, f"the self-tests took {elapsed * 1000:.0f} ms"  # about 4 ms; a loaded machine is slower
     with caplog.at_level(logging.DEBUG, logger=_LOGGER):
-        assert tlstransport.lean_verdict() is None
+        assert tls_selftest.lean_verdict() is None
     assert not lean_warnings(caplog)
-    assert tlstransport.selftest_seconds and tlstransport.selftest_seconds[0] < 1.0
+    assert tls_selftest.selftest_seconds and tls_selftest.selftest_seconds[0] < 1.0
 
 
 def test_they_run_once_per_process_before_the_first_take_over(
     fresh: None, monkeypatch: pytest.MonkeyPatch, pki: dict[str, Path], loop: asyncio.AbstractEventLoop
 ) -> None:
     runs: list[int] = []
-    real = tlstransport.run_selftests
+    real = tls_selftest.run_selftests
 
     def counted() -> str | None:
         runs.append(1)
         return real()
 
-    monkeypatch.setattr(tlstransport, "run_selftests", counted)
+    monkeypatch.setattr(tls_selftest, "run_selftests", counted)
     first = TLSServer(server_context(pki), App, 5.0, loop)
     second = TLSServer(server_context(pki), App, 5.0, loop)
     assert first.lean and second.lean and runs == [1]
@@ -125,8 +129,8 @@ def test_a_wrong_byte_from_the_c_sealer_turns_lean_off_with_one_warning(
     loop: asyncio.AbstractEventLoop,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    assert tlstransport.c_sealer() is Sealer
-    monkeypatch.setattr(tlstransport, "_sealer", [WrongByteSealer])
+    assert tls_sealer.c_sealer() is Sealer
+    monkeypatch.setattr(tls_sealer, "_sealer", [WrongByteSealer])
     with caplog.at_level(logging.DEBUG, logger=_LOGGER):
         assert_off_for_every_connection(pki, loop)
         assert_off_for_every_connection(pki, loop)  # a second listener: no second line
@@ -136,8 +140,8 @@ def test_a_wrong_byte_from_the_c_sealer_turns_lean_off_with_one_warning(
     assert "every connection keeps OpenSSL's record layer" in warnings[0]
     assert [r.levelno for r in caplog.records if r.levelno >= logging.WARNING] == [logging.WARNING]
     # not one log line only (issue 52, I1): the worker's record layer and a counter say so, for /stats and /metrics
-    assert tlstransport.RECORD_LAYERS[tlstransport.record_layer[0]] == "openssl: a self-test failed"
-    assert tlstransport.counters["selftest_failures"] == 1
+    assert tls_stats.RECORD_LAYERS[tls_stats.record_layer[0]] == "openssl: a self-test failed"
+    assert tls_stats.counters["selftest_failures"] == 1
     from migratory.server.node.counters import TLS_FIELDS, tls_values
 
     assert tls_values()[TLS_FIELDS.index("record_layer")] == 4
@@ -172,13 +176,13 @@ def test_a_wrong_byte_from_the_python_sealer_turns_lean_off_with_one_warning(
     assert len(warnings) == 1 and "self-test chacha20-poly1305-rfc8439 failed" in warnings[0]
     # and past that known answer, the transport's own ChaCha20 records are checked too
     monkeypatch.setattr(
-        tlstransport,
+        tls_selftest,
         "_RFC8439_SEALED",
-        WrongByteChaCha(tlstransport._RFC8439_KEY).encrypt(
-            tlstransport._RFC8439_NONCE, tlstransport._RFC8439_PLAINTEXT, tlstransport._RFC8439_AAD
+        WrongByteChaCha(tls_selftest._RFC8439_KEY).encrypt(
+            tls_selftest._RFC8439_NONCE, tls_selftest._RFC8439_PLAINTEXT, tls_selftest._RFC8439_AAD
         ),
     )
-    assert tlstransport.run_selftests() == "seal-TLS_CHACHA20_POLY1305_SHA256-python"
+    assert tls_selftest.run_selftests() == "seal-TLS_CHACHA20_POLY1305_SHA256-python"
 
 
 def test_the_self_tests_cover_the_top_of_the_sequence_space_and_the_key_update(
@@ -194,9 +198,9 @@ def test_the_self_tests_cover_the_top_of_the_sequence_space_and_the_key_update(
         def send(self, fd: int, seq: int, inner: bytes, header: bytes) -> bytes | None:
             return self.sealer.send(fd, seq & ((1 << 63) - 1), inner, header)
 
-    monkeypatch.setattr(tlstransport, "_sealer", [HighBitWrong])
-    assert tlstransport.run_selftests() == "seal-TLS_AES_128_GCM_SHA256-c"
-    monkeypatch.setattr(tlstransport, "_sealer", [real])
+    monkeypatch.setattr(tls_sealer, "_sealer", [HighBitWrong])
+    assert tls_selftest.run_selftests() == "seal-TLS_AES_128_GCM_SHA256-c"
+    monkeypatch.setattr(tls_sealer, "_sealer", [real])
     update = TLSTransport._update_write_key
 
     def no_new_iv(self: TLSTransport, *, requested: bool) -> bytes:
@@ -206,7 +210,7 @@ def test_the_self_tests_cover_the_top_of_the_sequence_space_and_the_key_update(
         return record
 
     monkeypatch.setattr(TLSTransport, "_update_write_key", no_new_iv)
-    assert tlstransport.run_selftests() == "seal-TLS_AES_128_GCM_SHA256-python"
+    assert tls_selftest.run_selftests() == "seal-TLS_AES_128_GCM_SHA256-python"
 
 
 def test_a_failing_loopback_turns_lean_off_with_one_warning(
@@ -230,9 +234,9 @@ def test_a_failing_loopback_turns_lean_off_with_one_warning(
 
 def test_a_loopback_that_is_not_taken_over_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(TLSTransport, "_take_over", lambda *_args: False)
-    counted = dict(tlstransport.fallbacks)
-    assert tlstransport.run_selftests() == "loopback (RuntimeError: not taken over after the handshake)"
-    assert tlstransport.fallbacks == counted  # the self-test's own connection is not counted
+    counted = dict(tls_stats.fallbacks)
+    assert tls_selftest.run_selftests() == "loopback (RuntimeError: not taken over after the handshake)"
+    assert tls_stats.fallbacks == counted  # the self-test's own connection is not counted
 
 
 @pytest.mark.parametrize(
@@ -260,7 +264,7 @@ def test_another_openssl_is_outside_the_matrix(
     def not_run() -> str | None:
         raise AssertionError("no self-test outside the matrix")
 
-    monkeypatch.setattr(tlstransport, "run_selftests", not_run)
+    monkeypatch.setattr(tls_selftest, "run_selftests", not_run)
     monkeypatch.setattr(ssl, "OPENSSL_VERSION", version)
     monkeypatch.setattr(ssl, "OPENSSL_VERSION_INFO", info)
     with caplog.at_level(logging.INFO, logger=_LOGGER):
@@ -278,15 +282,15 @@ def test_fips_mode_and_an_unknown_python_are_outside_the_matrix(
     loop: asyncio.AbstractEventLoop,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    assert tlstransport.fips_mode() is False  # asked of libcrypto: EVP_default_properties_is_fips_enabled
-    monkeypatch.setattr(tlstransport, "fips_mode", lambda: True)
+    assert tls_selftest.fips_mode() is False  # asked of libcrypto: EVP_default_properties_is_fips_enabled
+    monkeypatch.setattr(tls_selftest, "fips_mode", lambda: True)
     with caplog.at_level(logging.INFO, logger=_LOGGER):
         assert_off_for_every_connection(pki, loop)
     warnings = lean_warnings(caplog)
     assert len(warnings) == 1 and "is in FIPS mode" in warnings[0]
-    monkeypatch.setattr(tlstransport, "_verdict", [])
-    monkeypatch.setattr(tlstransport, "fips_mode", lambda: False)
-    monkeypatch.setattr(tlstransport, "LAYOUT_VERSIONS", ((3, 0), (3, 1)))
+    monkeypatch.setattr(tls_selftest, "_verdict", [])
+    monkeypatch.setattr(tls_selftest, "fips_mode", lambda: False)
+    monkeypatch.setattr(tls_libssl, "LAYOUT_VERSIONS", ((3, 0), (3, 1)))
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=_LOGGER):
         assert not TLSServer(server_context(pki), App, 5.0, loop).lean
@@ -304,7 +308,7 @@ def test_the_keylog_hook_keeps_only_the_two_traffic_secrets() -> None:
         _rsecret: bytes | bytearray = b""
 
     target = Target()
-    tlstransport._Capture.target = target  # type: ignore[assignment]
+    tls_keylog._Capture.target = target  # type: ignore[assignment]
     try:
         for label in (
             b"CLIENT_HANDSHAKE_TRAFFIC_SECRET",
@@ -313,34 +317,34 @@ def test_the_keylog_hook_keeps_only_the_two_traffic_secrets() -> None:
             b"CLIENT_RANDOM",
             b"SERVER_TRAFFIC_SECRET_1",
         ):
-            tlstransport._on_keylog(0x1000, memoryview(label + b" 00 " + b"ab" * 32))
+            tls_keylog._on_keylog(0x1000, memoryview(label + b" 00 " + b"ab" * 32))
         assert target._wsecret == b"" and target._rsecret == b""
-        tlstransport._on_keylog(0x1000, memoryview(b"SERVER_TRAFFIC_SECRET_0 00 " + b"cd" * 32))
-        tlstransport._on_keylog(0x1000, memoryview(b"CLIENT_TRAFFIC_SECRET_0 00 " + b"EF" * 48))
+        tls_keylog._on_keylog(0x1000, memoryview(b"SERVER_TRAFFIC_SECRET_0 00 " + b"cd" * 32))
+        tls_keylog._on_keylog(0x1000, memoryview(b"CLIENT_TRAFFIC_SECRET_0 00 " + b"EF" * 48))
         assert type(target._wsecret) is bytearray and target._wsecret == b"\xcd" * 32
         assert type(target._rsecret) is bytearray and target._rsecret == b"\xef" * 48
         first = target._wsecret
-        tlstransport._on_keylog(0x1000, b"SERVER_TRAFFIC_SECRET_0 00 " + b"12" * 32)
+        tls_keylog._on_keylog(0x1000, b"SERVER_TRAFFIC_SECRET_0 00 " + b"12" * 32)
         assert target._wsecret == b"\x12" * 32 and first == bytes(32)  # the one it replaces is wiped
-        tlstransport._on_keylog(0x1000, b"SERVER_TRAFFIC_SECRET_0 00 zz")  # not hex: ignored
-        tlstransport._on_keylog(0x1000, b"SERVER_TRAFFIC_SECRET_0 00 abc")
+        tls_keylog._on_keylog(0x1000, b"SERVER_TRAFFIC_SECRET_0 00 zz")  # not hex: ignored
+        tls_keylog._on_keylog(0x1000, b"SERVER_TRAFFIC_SECRET_0 00 abc")
         assert target._wsecret == b"\x12" * 32
     finally:
-        tlstransport._Capture.target = None
+        tls_keylog._Capture.target = None
 
 
 def test_nothing_is_kept_for_tls12_or_a_listener_without_lean(
     pki: dict[str, Path], loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert tlstransport.lean_verdict() is None  # the self-tests' own handshake is not counted below
+    assert tls_selftest.lean_verdict() is None  # the self-tests' own handshake is not counted below
     parsed: list[int] = []
-    unhex = tlstransport._unhex
+    unhex = tls_keylog._unhex
 
     def counting(digits: bytes | memoryview) -> bytearray | None:
         parsed.append(len(digits))
         return unhex(digits)
 
-    monkeypatch.setattr(tlstransport, "_unhex", counting)
+    monkeypatch.setattr(tls_keylog, "_unhex", counting)
     context = server_context(pki)
     lean = TLSServer(context, App, 5.0, loop)
     pair = Pair(lean, client_context(pki))

@@ -8,14 +8,10 @@ from pathlib import Path
 import pytest
 
 from migratory.config import Config
-from migratory.server.transport import tls as tlstransport
 from migratory.server.transport.context import build_context
-from migratory.server.transport.tls import (
-    OPENSSL_TLS13_SUITES,
-    PREFERRED_TLS13_SUITES,
-    prefer_aes128,
-    tls13_suites,
-)
+from migratory.server.transport.tls import libssl as tls_libssl
+from migratory.server.transport.tls import prefer_aes128
+from migratory.server.transport.tls.libssl import OPENSSL_TLS13_SUITES, PREFERRED_TLS13_SUITES, tls13_suites
 from tests.test_tlstransport import client_context, pki
 
 __all__ = ["pki"]  # the module-scoped certificate fixture, shared with test_tlstransport
@@ -53,9 +49,9 @@ def negotiate(server: ssl.SSLContext, client: ssl.SSLContext) -> tuple[str, str]
 
 def with_tls13_suites(context: ssl.SSLContext, suites: str) -> ssl.SSLContext:
     """``context`` offering ``suites`` for TLS 1.3 (what an openssl.cnf ``Ciphersuites`` line does)."""
-    lib = tlstransport._libssl()
+    lib = tls_libssl._libssl()
     assert lib is not None
-    pointer = tlstransport.ssl_ctx_pointer(context, lib)
+    pointer = tls_libssl.ssl_ctx_pointer(context, lib)
     assert pointer is not None and lib.SSL_CTX_set_ciphersuites(pointer, suites.encode("ascii")) == 1
     return context
 
@@ -65,7 +61,7 @@ def test_a_default_python_client_gets_aes_128(pki: dict[str, Path]) -> None:
     assert tls13_suites(client)[0] == "TLS_AES_256_GCM_SHA384"  # what CPython clients ask for first
     server = context_of(pki)
     assert tls13_suites(server) == PREFERRED_TLS13_SUITES
-    assert server.options & ssl.OP_CIPHER_SERVER_PREFERENCE and server.options & tlstransport.OP_PRIORITIZE_CHACHA
+    assert server.options & ssl.OP_CIPHER_SERVER_PREFERENCE and server.options & tls_libssl.OP_PRIORITIZE_CHACHA
     assert negotiate(server, client) == ("TLSv1.3", "TLS_AES_128_GCM_SHA256")
     assert prefer_aes128(server)  # idempotent
 
@@ -106,12 +102,12 @@ def test_suites_chosen_for_openssl_are_left_alone(pki: dict[str, Path]) -> None:
     server.load_cert_chain(pki["cert"], pki["key"])
     assert not prefer_aes128(server)
     assert tls13_suites(server) == tuple(chosen.split(":"))
-    assert not server.options & tlstransport.OP_PRIORITIZE_CHACHA
+    assert not server.options & tls_libssl.OP_PRIORITIZE_CHACHA
     assert negotiate(server, client_context(pki))[1] == "TLS_CHACHA20_POLY1305_SHA256"  # the chosen order
 
 
 def test_tls_lean_transport_false_leaves_openssls_order(pki: dict[str, Path]) -> None:
     server = context_of(pki, "TLSLeanTransport = false\n")
     assert tls13_suites(server) == OPENSSL_TLS13_SUITES
-    assert not server.options & tlstransport.OP_PRIORITIZE_CHACHA
+    assert not server.options & tls_libssl.OP_PRIORITIZE_CHACHA
     assert negotiate(server, client_context(pki))[1] == "TLS_AES_256_GCM_SHA384"

@@ -29,8 +29,11 @@ import pytest
 from migratory.certs import create_ca, issue_server_cert
 from migratory.client import MigratoryClient
 from migratory.protocol import Status
-from migratory.server.transport import tls as tlstransport
+from migratory.server.transport import heap
 from migratory.server.transport.tls import SUITES, TLSServer, TLSTransport, enable, expand_label
+from migratory.server.transport.tls import base as tls_base
+from migratory.server.transport.tls import libssl as tls_libssl
+from migratory.server.transport.tls import records as tls_records
 from tests.conftest import ServerProcess, free_port
 from tests.test_tls import new_certificate_served, peer_serial
 
@@ -197,14 +200,14 @@ def client_context(pki: dict[str, Path], version: ssl.TLSVersion = ssl.TLSVersio
 def test_the_context_hook_is_verified_and_set(pki: dict[str, Path]) -> None:
     context = server_context(pki)
     assert enable(context) and enable(context)  # idempotent
-    lib = tlstransport._libssl()
+    lib = tls_libssl._libssl()
     assert lib is not None
-    pointer = tlstransport.ssl_ctx_pointer(context, lib)
+    pointer = tls_libssl.ssl_ctx_pointer(context, lib)
     assert pointer is not None and lib.SSL_CTX_get_options(pointer) == int(context.options)
     # each context its own SSL_CTX, and libssl sees an option change made through Python
     other = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     other.options |= ssl.OP_NO_TICKET
-    other_pointer = tlstransport.ssl_ctx_pointer(other, lib)
+    other_pointer = tls_libssl.ssl_ctx_pointer(other, lib)
     assert other_pointer not in (None, pointer)
     assert lib.SSL_CTX_get_options(other_pointer) & int(ssl.OP_NO_TICKET)
 
@@ -264,7 +267,7 @@ def test_data_with_the_clients_finished_and_large_writes(tls_server: TLSServer, 
 def test_our_key_update_before_the_aead_limit_and_the_clients_close_notify(
     tls_server: TLSServer, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tlstransport, "KEY_UPDATE_AFTER", 3)
+    monkeypatch.setattr(tls_records, "KEY_UPDATE_AFTER", 3)
     pair = Pair(tls_server, client_context(pki))
     pair.handshake()
     secret = pair.transport._wsecret
@@ -491,9 +494,9 @@ def test_a_sweep_after_many_handshakes_gives_the_heap_back(
 ) -> None:
     """After a connection storm the handshakes' freed OpenSSL objects go back to the system, once per storm."""
     trims: list[int] = []
-    monkeypatch.setattr(tlstransport.heap, "trim", lambda: trims.append(1) or True)
+    monkeypatch.setattr(heap, "trim", lambda: trims.append(1) or True)
     pairs = []
-    for _ in range(tlstransport.TRIM_AFTER - 1):
+    for _ in range(tls_base.TRIM_AFTER - 1):
         pair = Pair(tls_server, client_context(pki))
         pair.handshake()
         pairs.append(pair)

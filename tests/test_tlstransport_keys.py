@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from migratory.server.transport import tls as tlstransport
 from migratory.server.transport.tls import TLSServer, TLSTransport, expand_label
+from migratory.server.transport.tls import keys as tls_keys
+from migratory.server.transport.tls import records as tls_records
 from tests.test_tlstransport import Pair, client_context, loop, pki, tls_server
 
 __all__ = ["loop", "pki", "tls_server"]  # fixtures shared with test_tlstransport
@@ -39,7 +40,7 @@ def test_a_swept_connection_wakes_up_from_its_kept_keys(
     tls_server.sweep()
     tls_server.sweep()
     assert transport.write_cipher is None and transport._dec is None and tls_server.holding == 0
-    monkeypatch.setattr(tlstransport, "expand_label", no_hkdf)
+    monkeypatch.setattr(tls_keys, "expand_label", no_hkdf)
     for n in range(3):  # wake up, both ways, then idle again
         transport.write(b"after sweep %d" % n)
         assert pair.receive() == b"after sweep %d" % n
@@ -54,7 +55,7 @@ def test_a_swept_connection_wakes_up_from_its_kept_keys(
 def test_key_updates_renew_the_kept_keys(
     tls_server: TLSServer, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tlstransport, "KEY_UPDATE_AFTER", 3)
+    monkeypatch.setattr(tls_records, "KEY_UPDATE_AFTER", 3)
     pair = Pair(tls_server, client_context(pki))
     pair.handshake()
     transport = pair.transport
@@ -94,7 +95,7 @@ def test_one_message_is_framed_once_for_every_connection(tls_server: TLSServer, 
     assert tls_server._frame is frame
     assert pairs[0].receive() == b"mutablechangeda view"
     # a record of the largest size, and one byte more (two records)
-    for size in (tlstransport.MAX_PLAINTEXT, tlstransport.MAX_PLAINTEXT + 1):
+    for size in (tls_records.MAX_PLAINTEXT, tls_records.MAX_PLAINTEXT + 1):
         big = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
         pairs[1].transport.write(big)
         assert pairs[1].receive() == big

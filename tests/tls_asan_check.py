@@ -11,7 +11,7 @@ installed one (the EVP addresses ``tlstransport`` resolves through ``_ssl``), th
   of the largest record), then to one that fills (the rest comes back), and fails on a dead one;
 * every refused argument is refused with an exception;
 * many sealers are made and freed;
-* the transport's start-up self-tests (:func:`tlstransport.run_selftests`: its write paths at the
+* the transport's start-up self-tests (:func:`tls_selftest.run_selftests`: its write paths at the
   top of the sequence space, key updates, ``send``, a loopback with an OpenSSL client) run on it.
 
 Prints ``ok <records checked>``; a sanitizer finding aborts the process with its report on stderr.
@@ -34,7 +34,9 @@ def main(build_dir: str) -> int:
     import _tlsseal  # the sanitized build, by its own name (PyInit__tlsseal)
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from migratory.server.transport import tls as tlstransport
+    from migratory.server.transport.tls import libssl as tls_libssl
+    from migratory.server.transport.tls import sealer as tls_sealer
+    from migratory.server.transport.tls import selftest as tls_selftest
 
     assert os.path.dirname(os.path.abspath(_tlsseal.__file__)) == os.path.abspath(build_dir), _tlsseal.__file__
     try:
@@ -43,9 +45,9 @@ def main(build_dir: str) -> int:
         pass  # "configure() was not called": as it must be
     else:
         raise AssertionError("a Sealer before configure()")
-    lib = tlstransport._libssl()
+    lib = tls_libssl._libssl()
     assert lib is not None
-    addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in tlstransport._EVP_FUNCTIONS]
+    addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in tls_sealer._EVP_FUNCTIONS]
     assert all(addresses)
     _tlsseal.configure(*(int(address or 0) for address in addresses))
     Sealer = _tlsseal.Sealer
@@ -155,9 +157,9 @@ def main(build_dir: str) -> int:
     gc.collect()
 
     # the transport's own paths on it
-    tlstransport._sealer[:] = [Sealer]
-    assert tlstransport.c_sealer() is Sealer
-    failed = tlstransport.run_selftests()
+    tls_sealer._sealer[:] = [Sealer]
+    assert tls_sealer.c_sealer() is Sealer
+    failed = tls_selftest.run_selftests()
     assert failed is None, failed
     print(f"ok {checked}")
     return 0

@@ -16,8 +16,8 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from migratory.server.transport import tls as tlstransport
 from migratory.server.transport.tls import SUITES, TLSServer
+from migratory.server.transport.tls import libssl as tls_libssl
 from tests.test_tlstransport import Pair
 
 APPLICATION_DATA, ALERT, HANDSHAKE, CHANGE_CIPHER_SPEC = 23, 21, 22, 20
@@ -78,9 +78,9 @@ def client_context_for(pki: dict[str, Path], suite: str, keylog: Path) -> ssl.SS
     """A TLS 1.3 client context offering only ``suite`` (through libssl: the ssl module cannot), logging its keys."""
     context = ssl.create_default_context(cafile=str(pki["ca"]))
     context.minimum_version = ssl.TLSVersion.TLSv1_3
-    lib = tlstransport._libssl()
+    lib = tls_libssl._libssl()
     assert lib is not None
-    pointer = tlstransport.ssl_ctx_pointer(context, lib)
+    pointer = tls_libssl.ssl_ctx_pointer(context, lib)
     assert pointer is not None
     lib.SSL_CTX_set_ciphersuites.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     assert lib.SSL_CTX_set_ciphersuites(pointer, suite.encode("ascii")) == 1

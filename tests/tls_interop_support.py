@@ -4,7 +4,7 @@
   the TLS listener on the worker's epoll transport) on a thread with its own uvloop, on a
   context from ``migratory.server.transport.context.build_context``, as ``migratory serve`` runs it, so the test can see
   every :class:`~migratory.server.transport.tls.TLSTransport` it made (:class:`Seen`) and the
-  process-wide ``tlstransport.fallbacks`` counters;
+  process-wide ``tls_stats.fallbacks`` counters;
 * :class:`TlsliteClient` (tlslite-ng, pure Python TLS 1.3) and :class:`SClient` (``openssl s_client``,
   driven through its stdin and stdout), both offering ``send``/``recv``;
 * :class:`NativeSession`: a WebSocket upgrade then the native protocol (CONNECT, SUBSCRIBE, PUBLISH,
@@ -35,8 +35,8 @@ import pytest
 from migratory import protocol
 from migratory.bench.wire import _mask
 from migratory.config import Config
-from migratory.server.transport import tls as tlstransport
 from migratory.server.transport.tls import TLSServer, TLSTransport
+from migratory.server.transport.tls import stats as tls_stats
 
 HRR_RANDOM = bytes.fromhex("cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c")
 """The ServerHello.random of a HelloRetryRequest (RFC 8446 4.1.3)."""
@@ -231,19 +231,19 @@ class LiveServer:
 
 
 PROCESS_TALLIES = ("fallbacks", "counters", "alerts_sent", "alerts_received", "_warned")
-"""tlstransport's process-wide tallies (those this version has): counts, and the WARNING rate limit's state."""
+"""The process-wide tallies of tls/stats.py (those this version has): counts, the WARNING rate limit's state."""
 
 
 def isolate_tallies(patch: pytest.MonkeyPatch) -> None:
-    """Copies of tlstransport's process-wide tallies for a test module, put back as they were after it.
+    """Copies of the TLS layer's (tls/stats.py) process-wide tallies for a test module, put back as they were after it.
 
     A module that makes many connections (and alerts) must not shift what another module's tests
     expect of them: the 1st, 2nd, 4th... fallback of a reason logged at INFO (test_tls_review), the
     first record-layer failure of a minute logged at WARNING, counts compared before and after.
     """
     for name in PROCESS_TALLIES:
-        if hasattr(tlstransport, name):
-            patch.setattr(tlstransport, name, copy.deepcopy(getattr(tlstransport, name)))
+        if hasattr(tls_stats, name):
+            patch.setattr(tls_stats, name, copy.deepcopy(getattr(tls_stats, name)))
 
 
 def wait_for(condition: Callable[[], object], what: str, timeout: float = TIMEOUT) -> None:

@@ -30,15 +30,9 @@ from typing import Any, cast
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
-from migratory.server.transport.tls import (
-    _KEYLOG_CALLBACK,
-    SUITES,
-    _libssl,
-    _strlen,
-    ssl_ctx_pointer,
-    traffic_secret,
-    wipe,
-)
+from migratory.server.transport.tls.keylog import _strlen, traffic_secret
+from migratory.server.transport.tls.keys import SUITES, wipe
+from migratory.server.transport.tls.libssl import _KEYLOG_CALLBACK, _libssl, ssl_ctx_pointer
 
 __all__ = ["LeanClient", "lean_context", "open_lean", "unavailable"]
 

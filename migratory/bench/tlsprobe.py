@@ -80,7 +80,7 @@ class _Idle(asyncio.Protocol):
 
 def _set_release_buffers(context: ssl.SSLContext, on: bool) -> int:
     """Set or clear SSL_MODE_RELEASE_BUFFERS on the context's SSL_CTX; return the mode after."""
-    from migratory.server.transport.tls import _libssl, ssl_ctx_pointer
+    from migratory.server.transport.tls.libssl import _libssl, ssl_ctx_pointer
 
     lib = _libssl()
     pointer = ssl_ctx_pointer(context, lib) if lib is not None else None

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from migratory.server.transport import tls as tlstransport
+from migratory.server.transport.tls import stats as tlsstats
 from migratory.stats import NodeStats, buffer_size
 
 __all__ = [
@@ -68,12 +68,12 @@ DENIAL_REASONS = (
 TLS_COUNTERS = ("lean_connections", "bad_record_mac", "handshake_failures", "selftest_failures")
 TLS_FIELDS = (
     *TLS_COUNTERS,
-    "record_layer",  # a state, not a count: the index of tlstransport.RECORD_LAYERS this worker uses
-    *(f"openssl:{reason}" for reason in tlstransport.FALLBACK_REASONS),
-    *(f"alerts_sent:{alert}" for alert in tlstransport.ALERT_LABELS),
-    *(f"alerts_received:{alert}" for alert in tlstransport.ALERT_LABELS),
+    "record_layer",  # a state, not a count: the index of tlsstats.RECORD_LAYERS this worker uses
+    *(f"openssl:{reason}" for reason in tlsstats.FALLBACK_REASONS),
+    *(f"alerts_sent:{alert}" for alert in tlsstats.ALERT_LABELS),
+    *(f"alerts_received:{alert}" for alert in tlsstats.ALERT_LABELS),
 )
-"""The TLS counters of a worker's slot (after its listeners): tlstransport's module-level counters."""
+"""The TLS counters of a worker's slot (after its listeners): the module-level tallies of tls/stats.py."""
 HISTORY_FILE = "stats-history.bin"
 SAVE_EVERY = 60.0
 _SUPERVISOR = struct.Struct("<qqq")  # worker restarts, supervisor pid, start time
@@ -153,7 +153,7 @@ class SharedCounters:
                 out[family] = value
         at = offset + TLS_FIELDS.index("record_layer")
         layers = [self.read(w)[at] for w in range(self.workers)]
-        names = tlstransport.RECORD_LAYERS
+        names = tlsstats.RECORD_LAYERS
         out["record_layer"] = {str(w): names[v] if 0 <= v < len(names) else "none" for w, v in enumerate(layers)}
         # workers whose TLS records OpenSSL carries although the lean layer was asked for: alert on it
         out["lean_fallback_workers"] = sum(1 for v in layers if v >= 3)
@@ -169,17 +169,17 @@ class SharedCounters:
 
 
 def tls_values() -> list[int]:
-    """This process's TLS counters (migratory/server/transport/tls.py), in the order of :data:`TLS_FIELDS`."""
+    """This process's TLS counters (migratory/server/transport/tls/stats.py), in the order of :data:`TLS_FIELDS`."""
     tables = {
-        "openssl": tlstransport.fallbacks,
-        "alerts_sent": tlstransport.alerts_sent,
-        "alerts_received": tlstransport.alerts_received,
+        "openssl": tlsstats.fallbacks,
+        "alerts_sent": tlsstats.alerts_sent,
+        "alerts_received": tlsstats.alerts_received,
     }
     values = []
     for field in TLS_FIELDS:
         family, _, key = field.partition(":")
         if field == "record_layer":
-            values.append(tlstransport.record_layer[0])
+            values.append(tlsstats.record_layer[0])
         else:
-            values.append(tables[family].get(key, 0) if key else tlstransport.counters.get(family, 0))
+            values.append(tables[family].get(key, 0) if key else tlsstats.counters.get(family, 0))
     return values

@@ -8,7 +8,7 @@
  * is active; a record is the nonce set on it, the header as additional data, the plaintext, the tag.
  *
  * No OpenSSL header nor link: the eight EVP functions are given to configure() as addresses that
- * migratory/server/transport/tls.py resolves through the ``_ssl`` extension, so the library is the
+ * migratory/server/transport/tls/sealer.py resolves through the ``_ssl`` extension, so the library is the
  * very libcrypto Python's ssl module runs (the one that made the handshake), and building this
  * module needs only a C compiler and Python's headers. If it is not built, the transport seals in
  * Python with cryptography's AESGCM (same records, slower).

@@ -178,7 +178,7 @@ class RawTransport:
         """What the kernel did not take of a write made while nothing was queued: kept, and watched.
 
         Also for a TLS transport that writes its sealed record to :attr:`fd` itself (``Sealer.send``
-        in migratory/server/transport/tls.py) when nothing is queued and the transport is not closing.
+        in migratory/server/transport/tls/records.py) when nothing is queued and the transport is not closing.
         """
         self._buffer = buffer = bytearray(rest)
         self._watch(self._mask | _OUT)
