@@ -9,6 +9,7 @@ layer where it passes on the OpenSSL mode is the regression to look for (docs/se
     python3 -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install 'tlslite-ng==0.9.0b2' ecdsa
     .venv/bin/python tools/tlsfuzzer_compare.py --tlsfuzzer /tmp/tlsfuzzer --python /tmp/tfenv/bin/python \\
         --out bench/results/tlsfuzzer.json
+    .venv/bin/python tools/tlsfuzzer_compare.py --table bench/results/tlsfuzzer.json  # the markdown table
 """
 
 from __future__ import annotations
@@ -162,9 +163,38 @@ def _run(python: str, tlsfuzzer: Path, script: str, port: int) -> Result:
     return result
 
 
+def table(results: dict[str, dict[str, Result]]) -> str:
+    """The results as a markdown table: conversations passed / failed per script and server, totals last."""
+    servers = list(next(iter(results.values()))) if results else []
+    lines = [
+        "| script | " + " | ".join(f"{name} passed / failed" for name in servers) + " |",
+        "| --- |" + " ---: |" * len(servers),
+    ]
+    for script, row in results.items():
+        cells = []
+        for name in servers:
+            r = row[name]
+            cell = f"{_count(r, 'pass')} / {_count(r, 'fail')}"
+            cells.append(cell + (f" ({r['error']})" if r.get("error") else ""))
+        worse = _count(row["lean"], "fail") > _count(row["openssl-mode"], "fail")
+        lines.append(
+            f"| {script.removeprefix('test-tls13-').removesuffix('.py')}{' **worse**' if worse else ''} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    totals = []
+    for name in servers:
+        passed = sum(_count(r[name], "pass") for r in results.values())
+        failed = sum(_count(r[name], "fail") for r in results.values())
+        totals.append(f"**{passed:,} / {failed:,}**")
+    lines.append(f"| all {len(results)} scripts | " + " | ".join(totals) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tlsfuzzer", type=Path, required=True, help="a checkout of tlsfuzzer (scripts/, tlsfuzzer/)")
+    parser.add_argument("--table", type=Path, help="print the markdown table of a JSON written by --out, and stop")
+    parser.add_argument("--tlsfuzzer", type=Path, help="a checkout of tlsfuzzer (scripts/, tlsfuzzer/)")
     parser.add_argument("--python", default=sys.executable, help="an interpreter with tlsfuzzer's tlslite-ng")
     parser.add_argument(
         "--script", action="append", default=[], help="test-tls13-*.py to run (default: all that apply)"
@@ -172,6 +202,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--no-s-server", action="store_true", help="leave out openssl s_server")
     args = parser.parse_args()
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text())))
+        return 0
+    if args.tlsfuzzer is None:
+        parser.error("--tlsfuzzer is required (or --table)")
     scripts = args.script or sorted(
         p.name
         for p in (args.tlsfuzzer / "scripts").glob("test-tls13-*.py")
