@@ -134,17 +134,25 @@ def _count(result: Result, key: str) -> int:
     return value if isinstance(value, int) else 0
 
 
-def _run(python: str, tlsfuzzer: Path, script: str, port: int) -> Result:
+def _seeded(folder: Path, seed: int) -> Path:
+    """A folder whose ``sitecustomize.py`` seeds ``random``: each script then samples and orders its
+    conversations the same way against every server, so their counts compare conversation for conversation."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(f"import random\nrandom.seed({seed})\n")
+    return folder
+
+
+def _run(python: str, tlsfuzzer: Path, script: str, port: int, extra: list[str], seeded: Path) -> Result:
     """One script against one server: its PASS and FAIL counts and the names of the failed conversations."""
     started = time.monotonic()
     try:
         done = subprocess.run(
-            [python, str(tlsfuzzer / "scripts" / script), "-h", "127.0.0.1", "-p", str(port)],
+            [python, str(tlsfuzzer / "scripts" / script), "-h", "127.0.0.1", "-p", str(port), *extra],
             capture_output=True,
             text=True,
             timeout=SCRIPT_TIMEOUT,
             cwd=tlsfuzzer,
-            env=dict(os.environ, PYTHONPATH=str(tlsfuzzer)),
+            env=dict(os.environ, PYTHONPATH=f"{tlsfuzzer}{os.pathsep}{seeded}"),
         )
         out = done.stdout
     except subprocess.TimeoutExpired:
@@ -199,6 +207,10 @@ def main() -> int:
     parser.add_argument(
         "--script", action="append", default=[], help="test-tls13-*.py to run (default: all that apply)"
     )
+    parser.add_argument(
+        "--script-arg", action="append", default=[], help="passed to every script (e.g. the name of one conversation)"
+    )
+    parser.add_argument("--seed", type=int, default=52, help="seeds each script's random choice of conversations")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--no-s-server", action="store_true", help="leave out openssl s_server")
     args = parser.parse_args()
@@ -214,6 +226,7 @@ def main() -> int:
     )
     folder = Path(tempfile.mkdtemp(prefix="tlsfuzzer-compare-"))
     cert, key = _certificate(folder)
+    seeded = _seeded(folder / "seeded", args.seed)
     servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {
         "lean": _migratory(folder / "lean", cert, key, lean=True),
         "openssl-mode": _migratory(folder / "openssl-mode", cert, key, lean=False),
@@ -224,7 +237,8 @@ def main() -> int:
     try:
         for script in scripts:
             results[script] = {
-                name: _run(args.python, args.tlsfuzzer, script, port) for name, (_, port) in servers.items()
+                name: _run(args.python, args.tlsfuzzer, script, port, args.script_arg, seeded)
+                for name, (_, port) in servers.items()
             }
             row = "  ".join(f"{name} {r['pass']}/{r['fail']}" for name, r in results[script].items())
             print(f"{script:55} {row}", flush=True)
