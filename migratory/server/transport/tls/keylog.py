@@ -7,7 +7,11 @@ RFC 8446 7.1 names the two secrets kept: ``server_application_traffic_secret_0``
 callback runs inside ``do_handshake`` on the event loop's thread, which names the connection being
 handshaken (:attr:`_Capture.target`, set only for a lean listener's connections); only those two
 lines are kept, parsed from OpenSSL's own buffer straight into ``bytearray`` objects the connection
-wipes (keys.wipe). The handshake secrets and the exporter secret are never copied out.
+wipes (keys.wipe) as soon as it no longer needs them: when it stays on OpenSSL's record layer, when
+its handshake fails or times out, at close_notify or a fatal alert, when it is aborted or lost. The
+handshake secrets and the exporter secret are never copied out. What cannot be wiped: the short-lived
+``bytes`` inside keys.expand_label, and the cipher objects' own copies (freed and cleansed by OpenSSL
+and ``cryptography``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ libssl itself reports it (:meth:`TakeOver._refusal`: TLS 1.3, one of :data:`keys
 traffic secrets from the keylog hook, no max_fragment_length of RFC 6066, no early data, nothing
 read but unconsumed); and only if the records OpenSSL wrote as it finished (its
 ``NewSessionTicket`` messages, 4.6.1) decrypt under the server's key at sequence numbers 0, 1, ...
-as handshake data, so our first sequence number is known, not guessed. Otherwise OpenSSL keeps the
+as handshake data, so our first sequence number is known, not guessed. With ``read_ahead`` off
+(CPython's default) OpenSSL has read no record past the client's ``Finished``, so whatever is left in
+the incoming BIO is application data at the client's sequence number 0. Otherwise OpenSSL keeps the
 records (openssl.py), counted and logged by reason (stats.fallbacks).
 """
 
