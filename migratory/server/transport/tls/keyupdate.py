@@ -64,14 +64,8 @@ class KeyUpdates(Base):
         if requested > 1:
             self._alert(_ILLEGAL_PARAMETER, plain)
             return False
-        assert self._suite is not None
         self._dec = None
-        secret = self._rsecret
-        self._rsecret = bytearray(self._suite.next_secret(secret))
-        self._retire(secret)
-        wipe(self._rkey)
-        key, self._riv = self._suite.keys(self._rsecret)
-        self._rkey = bytearray(key)
+        self._rsecret, self._rkey, self._riv = self._next_keys(self._rsecret, self._rkey)
         self._rseq = 0
         if requested:
             # one answer per request, however the requests fell into reads and records: at once while TCP
@@ -87,17 +81,21 @@ class KeyUpdates(Base):
 
     def _update_write_key(self, *, requested: bool) -> bytes:
         """A KeyUpdate under the current key, then the next key from sequence number 0."""
-        assert self._suite is not None
         record = self._seal(bytes((_KEY_UPDATE, 0, 0, 1, 1 if requested else 0, _HANDSHAKE)))
         self._enc = self._sealer = None
-        secret = self._wsecret
-        self._wsecret = bytearray(self._suite.next_secret(secret))
-        self._retire(secret)
-        wipe(self._wkey)
-        key, self._wiv = self._suite.keys(self._wsecret)
-        self._wkey = bytearray(key)
+        self._wsecret, self._wkey, self._wiv = self._next_keys(self._wsecret, self._wkey)
         self._wseq = 0
         return record
+
+    def _next_keys(self, secret: bytes | bytearray, key: bytes | bytearray) -> tuple[bytearray, bytearray, int]:
+        """One direction's next traffic secret, key and IV (RFC 8446 7.2, 7.3): the replaced key is wiped at
+        once, the replaced secret at the next sweep (:meth:`_retire`)."""
+        assert self._suite is not None
+        following = bytearray(self._suite.next_secret(secret))
+        self._retire(secret)
+        wipe(key)
+        new_key, iv = self._suite.keys(following)
+        return following, bytearray(new_key), iv
 
     def _pay_key_update(self) -> None:
         """One KeyUpdate of ours for every ``update_requested`` received since the last answers (RFC 8446 4.6.3),
