@@ -91,6 +91,35 @@ def test_publications_reach_every_worker_in_order(
     assert not any(Path(f"/proc/{pid}").exists() for pid in [server.proc.pid])
 
 
+@pytest.mark.parametrize("bus_batching", ["0", "300"])
+def test_a_subscriber_told_ok_is_counted_by_a_publication_through_the_other_worker(
+    server_factory: Callable[..., ServerProcess], bus_batching: str
+) -> None:
+    """`npm test` failed once in CI: subscribed (OK, snapshot received), then published through the other worker
+    at once, and answered NO_SUBSCRIBER. The subscription's interest left for the coordinating worker a turn after
+    the OK (and BusBatchingTime later with batching), so the publication could come first; now it leaves before."""
+    server = server_factory({"Workers": "2", "BusBatchingTime": bus_batching})
+
+    async def scenario() -> None:
+        by_worker: dict[str, list[MigratoryClient]] = {"0": [], "1": []}
+        while min(len(c) for c in by_worker.values()) < 2:
+            client = MigratoryClient([server.ws_url])
+            await client.connect()
+            by_worker[client.session.split("-")[1]].append(client)
+        for n in range(12):  # subjects owned by either worker, subscribers on either
+            subscriber, publisher = by_worker[str(n % 2)][0], by_worker[str(1 - n % 2)][1]
+            subject = f"/w/fresh/{bus_batching}/{n}"
+            assert await subscriber.subscribe([subject]) == {subject: Status.OK}
+            assert await publisher.publish(subject, b"at once") is Status.OK, subject
+            message = await subscriber.next_message(10)
+            assert (message.subject, message.content) == (subject, b"at once")
+        for clients in by_worker.values():
+            for client in clients:
+                await client.close()
+
+    run(scenario())
+
+
 def test_killed_worker_is_replaced_and_state_survives(server_factory: Callable[..., ServerProcess]) -> None:
     server = server_factory({"Workers": "2"})
     subjects = [f"/k/s{i}" for i in range(6)]

@@ -701,13 +701,19 @@ class Engine:
             return
         if not self._interest_dirty:
             self.loop.call_soon(self._flush_interest)
+            self.fanout.before_flush = self._flush_interest
         self._interest_dirty.add(subject)
 
     def _flush_interest(self) -> None:
+        """The changed counts, written to the peers now: this runs before the clients' replies are written, so
+        a subscriber told OK is known to the coordinating worker before it can publish (else, on a busy machine,
+        the publication through another worker came first and was answered NO_SUBSCRIBER)."""
+        self.fanout.before_flush = None
         dirty, self._interest_dirty = self._interest_dirty, set()
-        if self.bus is not None:
+        if self.bus is not None and dirty:
             for subject in dirty:
                 self.bus.broadcast(Interest(subject, self.index.count(subject)))
+            self.bus.flush()
 
     def publish_started(self, session: Publisher) -> None:
         """A client's publication enters: past its connection's or this worker's budget, stop reading it."""

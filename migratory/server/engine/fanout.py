@@ -44,6 +44,9 @@ class FanOut:
         self._batch_armed = False
         self._conflation: dict[int, ConflationBuffer] = {}
         self._conflation_armed: set[int] = set()
+        # runs before any client's output is written: what a reply promises (a subscription's interest, known to
+        # the other workers) leaves on the bus first (Engine._flush_interest)
+        self.before_flush: Callable[[], None] | None = None
 
     # --- output scheduling ----------------------------------------------------------
 
@@ -56,12 +59,16 @@ class FanOut:
 
     def flush_dirty(self) -> None:
         self.armed = False
+        if self.before_flush is not None:
+            self.before_flush()
         dirty, self.dirty = self.dirty, []
         for client in dirty:
             client.flush()
 
     def _flush_batches(self) -> None:
         self._batch_armed = False
+        if self.before_flush is not None:
+            self.before_flush()
         batch, self._batch_dirty = self._batch_dirty, []
         for client in batch:
             client.flush()

@@ -438,6 +438,11 @@ class Bus:
 
     def _flush(self) -> None:
         self._flush_armed = False
+        self.flush()
+
+    def flush(self) -> None:
+        """Write what waits now, not at the end of the turn (or after BusBatchingTime): for frames that must
+        reach the peers before what the caller writes next elsewhere."""
         dirty, self._dirty = self._dirty, []
         for peer in dirty:
             peer.dirty = False
