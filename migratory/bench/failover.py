@@ -341,6 +341,9 @@ async def _round(
             await asyncio.sleep(long_pause)
             namespaces.heal(victim)
         await probing
+        if fault == "partition-during-rejoin":  # as after partition-*: a member cut off is probed once its
+            # links are back (a Standard one stayed ready on its side, and its links take a retry to return)
+            await loop.run_in_executor(None, cluster.wait_view, victim, set(range(size)), 60.0)
         await _probe_when_ready(cluster, victim, mode, probes)
     elif fault == "lose-seed-majority":
         seeds = min(size, 3 if size < 5 else 5)
