@@ -276,11 +276,14 @@ def test_sigkill_of_a_member_under_1000_clients_fails_every_client_over(tmp_path
                 for subject in subjects:
                     assert await publisher.publish(subject, b"before") is Status.OK
             await asyncio.sleep(1.0)
-            victims = [i for i, c in enumerate(clients) if c.server == cluster[2].ws_url]
-            assert 150 < len(victims) < 600, len(victims)  # weights spread them
+            # the member holding the most clients dies (equal weights spread them, but on a loaded machine a
+            # slow member's share can be small: CI once saw 116 of 1000 on member 3)
+            victim = max(range(3), key=lambda m: sum(c.server == cluster[m].ws_url for c in clients))
+            victims = [i for i, c in enumerate(clients) if c.server == cluster[victim].ws_url]
+            assert len(victims) >= 334, len(victims)
             killed_at[0] = time.monotonic()
-            await asyncio.get_running_loop().run_in_executor(None, cluster.kill, 2)
-            async with MigratoryClient([cluster[0].ws_url]) as publisher:
+            await asyncio.get_running_loop().run_in_executor(None, cluster.kill, victim)
+            async with MigratoryClient([cluster[(victim + 1) % 3].ws_url]) as publisher:
                 for subject in subjects:
                     await publisher.publish(subject, b"after", retries=3)
             deadline = time.monotonic() + 60
@@ -290,7 +293,7 @@ def test_sigkill_of_a_member_under_1000_clients_fails_every_client_over(tmp_path
             assert not missing, f"{len(missing)} clients did not fail over"
             for i in victims:
                 client = clients[i]
-                assert client.connected and client.server != cluster[2].ws_url
+                assert client.connected and client.server != cluster[victim].ws_url
             # every client has the current snapshot of its subject
             await asyncio.sleep(1.0)
             for i, client in enumerate(clients):
