@@ -280,7 +280,7 @@ def test_sigkill_of_a_member_under_1000_clients_fails_every_client_over(tmp_path
             # slow member's share can be small: CI once saw 116 of 1000 on member 3)
             victim = max(range(3), key=lambda m: sum(c.server == cluster[m].ws_url for c in clients))
             victims = [i for i, c in enumerate(clients) if c.server == cluster[victim].ws_url]
-            assert len(victims) >= 334, len(victims)
+            assert 334 <= len(victims) < 600, len(victims)  # the most of 1000 on one of 3; weights spread them
             killed_at[0] = time.monotonic()
             await asyncio.get_running_loop().run_in_executor(None, cluster.kill, victim)
             async with MigratoryClient([cluster[(victim + 1) % 3].ws_url]) as publisher:
