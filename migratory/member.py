@@ -1051,7 +1051,7 @@ class Member:
             else:
                 self._waiting.append(pending)
             return
-        if coordinator < 0 or coordinator not in self.peers:
+        if coordinator < 0 or coordinator not in self.peers or not self._coordinates_now(coordinator):
             self._waiting.append(pending)
             return
         request = self._request()
@@ -1070,6 +1070,16 @@ class Member:
             frame.hops + 1,
         )
         self.wire.to_peer(coordinator, hop)
+
+    def _coordinates_now(self, member: int) -> bool:
+        """Guaranteed: whether the linked process of ``member`` is the one the table admitted. A member restarted
+        a moment ago owns its old process's groups by their epochs until the leader's next table moves them;
+        it can number none of them (not admitted, it has not heard the leader), and would answer FAILED what
+        waits here for that table instead (set_table routes it again)."""
+        if not self.s.guaranteed:
+            return True
+        admitted = self.table.incarnation_of(member)
+        return admitted is None or admitted == self.peers[member].incarnation
 
     def _number(self, pending: _Pending, group: int, now: float) -> None:
         frame = pending.frame

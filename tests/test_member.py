@@ -618,3 +618,21 @@ def test_a_guaranteed_member_cut_off_from_the_majority_says_it_is_isolated_and_o
     fresh.start(0)
     fresh.run(1)
     assert not fresh.members[0].isolated()  # starting, it never served: nothing to send away
+
+
+def test_a_publication_waits_for_the_table_rather_than_reach_a_restarted_coordinator_not_yet_admitted() -> None:
+    """CI, lose-seed-majority: a healthy member forwarded a publication to its group's coordinator by epoch,
+    a member restarted a moment before; its new process, neither admitted nor hearing the leader yet,
+    answered FAILED ("no quorum") to a publisher whose own member /health had just called ready."""
+    net = started(3, guaranteed=True)
+    group = next(g for g in range(GROUPS) if net.table.owner(g, 3) == 2)
+    subject = subjects_of_group(group, 1)[0]
+    net.publish(0, subject, b"before")
+    net.run(1)
+    net.kill(2)
+    net.start(2)  # linked at once; the table still lists member 2 as the old process, which owns the group
+    assert net.table.incarnation_of(2) != net.members[2].s.incarnation
+    request = net.publish(0, subject, b"after", publish_id="p-after")
+    net.run(8)
+    assert net.status(0, request) in (Status.OK, Status.NO_SUBSCRIBER)  # no subscriber in the simulation
+    assert all(contents(net, i, subject)[-1:] == [b"after"] for i in range(3))
