@@ -471,16 +471,16 @@ async def _probe_when_ready(
     """
     loop = asyncio.get_running_loop()
     for _ in range(3):
-        # read before /health answers: a member rejoining can start an election (its term already raised when
-        # read) between /health's answer and the publication, and the leader loses its quorum for a moment
-        clock = await loop.run_in_executor(None, _consensus_clock, cluster)
         await _wait_healthy(cluster, index)
         said = time.monotonic()
+        term, table = await loop.run_in_executor(None, _consensus_clock, cluster)
         problem = await _probe(cluster, index, mode == "Guaranteed", avoid)
-        if " answered FAILED" in problem and await loop.run_in_executor(None, _consensus_clock, cluster) != clock:
-            # an election or a new table (a member admitted, groups moved) came between /health and the
-            # publication: refusing it then, for its publisher to retry, is the promise kept; the next try says
-            continue
+        if " answered FAILED" in problem:
+            term_now, table_now = await loop.run_in_executor(None, _consensus_clock, cluster)
+            if term_now > term or ("coordinator changed" in problem and table_now > table):
+                # an election, or a new table that moved the subject's group (a member admitted), came between
+                # /health and the publication: refusing it then, for its publisher to retry, is the promise kept
+                continue
         if problem:
             probes.append(f"member {index + 1}: /health said ready but {problem} ({time.monotonic() - said:.1f} s)")
         return
