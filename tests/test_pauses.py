@@ -43,9 +43,11 @@ def test_a_stalled_loop_and_a_long_collection_are_logged(
         if m.startswith("worker 3: event loop stalled for ")
         and float(m.split(" for ")[1].split(" s")[0]) >= pauses.STALL
     ]
+    collections = [float(m.split(" for ")[1].split(" s")[0]) for m in messages if "garbage collection" in m]
     # asleep in the kernel, neither running nor runnable: blocked, unless a saturated machine kept it waiting
-    # for a core about as long once it woke (the run queue's share is the kernel's count)
-    assert len(stalls) == 1, messages
+    # for a core about as long once it woke (the run queue's share is the kernel's count); on such a machine
+    # the test's own full collection (a pytest process late in the suite) can hold the loop too, and is told
+    assert len(stalls) == 1 or (len(stalls) == 2 and max(collections, default=0.0) >= pauses.STALL), messages
     waited = float(stalls[0].rsplit(" s waiting for a core", 1)[0].rsplit(", ", 1)[1])
     assert stalls[0].endswith(" (blocked)") or waited >= 0.5, messages
     assert any(m.startswith("worker 3: garbage collection of generation 2 held the process") for m in messages)
