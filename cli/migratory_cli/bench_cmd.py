@@ -737,3 +737,87 @@ def cluster_cmd(
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(document, indent=1))
+
+
+@app.command("ingest")
+def ingest_cmd(
+    targets: str = typer.Option(
+        "migratory,migratory-standard,migratory-guaranteed,jetstream-r1,jetstream-r3,mosquitto",
+        help="Targets, in order: migratory (one node), migratory-standard and migratory-guaranteed (3 members), "
+        "jetstream-r1, jetstream-r3 (nats-server, file storage), mosquitto (QoS 1).",
+    ),
+    windows: str = typer.Option("1,16,128", help="Outstanding publications per publisher, one run each."),
+    publishers: int = typer.Option(3, help="Publisher processes (one connection each)."),
+    subjects: int = typer.Option(1000, help="Subjects, one subscriber connection each."),
+    size: int = typer.Option(128, help="Payload bytes."),
+    duration: float = typer.Option(10.0, help="Seconds measured, after the warm-up."),
+    warmup: float = typer.Option(2.0, help="Seconds of publishing before the measurement."),
+    workers: int = typer.Option(1, help="Workers per node or member of this server."),
+    rounds: int = typer.Option(1, help="Every target and window this many times, interleaved."),
+    as_json: Path | None = typer.Option(None, "--json", help="Write every result as a JSON list."),
+) -> None:
+    """Acknowledged publications per second and server CPU per publication, each target in turn, one run.
+
+    Every acknowledged publication is looked for at its subscriber: one missing fails the run (exit 1).
+    """
+    from migratory.bench.ingest import INGEST_TARGETS, IngestConfig, run_ingest
+
+    chosen = [t.strip() for t in targets.split(",") if t.strip()]
+    unknown = [t for t in chosen if t not in INGEST_TARGETS]
+    try:
+        sizes = [int(w) for w in windows.split(",") if w.strip()]
+    except ValueError:
+        sizes = []
+    if unknown or not sizes or min(sizes) < 1:
+        _console.print(
+            f"bench ingest: unknown target {', '.join(unknown)} (choose from {', '.join(INGEST_TARGETS)})"
+            if unknown
+            else f"bench ingest: --windows {windows!r}: a comma-separated list of positive integers"
+        )
+        raise typer.Exit(2)
+    results = []
+    table = Table("target", "K", "acked/s", "server CPU %", "us/ack", "ack p50 ms", "p99 ms", "publisher CPU %",
+                  "server RSS MB", "checked")  # fmt: skip
+    for _ in range(rounds):
+        for window in sizes:
+            for target in chosen:
+                result = run_ingest(
+                    IngestConfig(
+                        target=target,
+                        window=window,
+                        publishers=publishers,
+                        subjects=subjects,
+                        size=size,
+                        duration=duration,
+                        warmup=warmup,
+                        workers=workers,
+                    )
+                )
+                results.append(result)
+                checked = (
+                    f"{result.delivered}/{result.acked_total}"
+                    if not result.errors
+                    else escape("; ".join(result.errors))[:120]
+                )
+                _console.print(
+                    f"{target} K={window}: {result.per_second:,.0f}/s, {result.server_cpu_us_per_ack} us/ack, "
+                    f"p99 {result.ack_p99_ms} ms, {checked}"
+                )
+                table.add_row(
+                    target,
+                    str(window),
+                    f"{result.per_second:,.0f}",
+                    f"{result.server_cpu_percent}",
+                    f"{result.server_cpu_us_per_ack}",
+                    f"{result.ack_p50_ms}",
+                    f"{result.ack_p99_ms}",
+                    "/".join(f"{c:.0f}" for c in result.publisher_cpu_percent),
+                    f"{result.server_rss_mb}",
+                    checked,
+                )
+    Console(highlight=False, width=max(_console.width, 150)).print(table)
+    if as_json is not None:
+        as_json.parent.mkdir(parents=True, exist_ok=True)
+        as_json.write_text(json.dumps([r.as_dict() for r in results], indent=1) + "\n")
+    if any(r.errors for r in results):
+        raise typer.Exit(1)
