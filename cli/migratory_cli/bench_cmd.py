@@ -754,6 +754,7 @@ def ingest_cmd(
     warmup: float = typer.Option(2.0, help="Seconds of publishing before the measurement."),
     workers: int = typer.Option(1, help="Workers per node or member of this server."),
     rounds: int = typer.Option(1, help="Every target and window this many times, interleaved."),
+    profile: Path | None = typer.Option(None, "--profile", help="py-spy every server process into this folder."),
     as_json: Path | None = typer.Option(None, "--json", help="Write every result as a JSON list."),
 ) -> None:
     """Acknowledged publications per second and server CPU per publication, each target in turn, one run.
@@ -791,6 +792,7 @@ def ingest_cmd(
                         duration=duration,
                         warmup=warmup,
                         workers=workers,
+                        profile=profile,
                     )
                 )
                 results.append(result)

@@ -36,6 +36,7 @@ from typing import Any, cast
 from migratory import protocol as p
 from migratory.bench.cluster import LocalCluster, free_ports
 from migratory.bench.loader import BUCKETS, bucket_of, bucket_upper_ns
+from migratory.bench.profiles import Profiler
 from migratory.bench.servers import MultiMeter, ProcessMeter, peer_binary, spawn
 from migratory.bench.wire import Codec, MqttCodec, _mask, _mqtt_str, _remaining, _WebSocket, codec_for, nats_subject
 
@@ -61,6 +62,7 @@ class IngestConfig:
     workers: int = 1  # per node or member of this server
     subscriber_processes: int = 2
     folder: Path = Path("bench/ingest-runs")
+    profile: Path | None = None  # py-spy every server process over the measured window, into this folder
 
 
 @dataclass
@@ -617,8 +619,17 @@ def run_ingest(config: IngestConfig) -> IngestResult:
                 pipe.send(("go", go, warm, end))
             time.sleep(max(0.0, warm - time.monotonic()))
             cpu0 = meter.cpu_seconds()
+            profiler = None
+            if config.profile is not None:
+                label = f"{config.target}-K{config.window}"
+                profiler = Profiler(config.profile, label, [m.pid for m in meter.meters], config.duration)
+                why = profiler.start()
+                if why:
+                    errors.append(why)
             time.sleep(max(0.0, end - time.monotonic()))
             cpu1 = meter.cpu_seconds()
+            if profiler is not None:
+                profiler.wait()
             rss = meter.rss_bytes()
             reports = []
             for proc, pipe in publishers:
