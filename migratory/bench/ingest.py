@@ -15,6 +15,7 @@ would make the server look slow; it is reported so it is seen).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import multiprocessing
 import os
@@ -42,7 +43,14 @@ from migratory.bench.wire import Codec, MqttCodec, _mask, _mqtt_str, _remaining,
 
 __all__ = ["INGEST_TARGETS", "IngestConfig", "IngestResult", "run_ingest"]
 
-INGEST_TARGETS = ("migratory", "migratory-standard", "migratory-guaranteed", "jetstream-r1", "jetstream-r3", "mosquitto")
+INGEST_TARGETS = (
+    "migratory",
+    "migratory-standard",
+    "migratory-guaranteed",
+    "jetstream-r1",
+    "jetstream-r3",
+    "mosquitto",
+)
 """One node of this server; its 3-member clusters; NATS JetStream R1 and R3; Mosquitto at QoS 1."""
 
 QUIET = {"MessageLog": "false", "AccessLog": "false", "KeepAliveInterval": "3600000", "MaxPendingOutput": "64MB"}
@@ -294,14 +302,18 @@ def _event_loop() -> None:
         pass
 
 
-def _subscriber_main(target: str, endpoints: Sequence[tuple[str, int]], subjects: Sequence[str], pipe: Connection) -> None:
+def _subscriber_main(
+    target: str, endpoints: Sequence[tuple[str, int]], subjects: Sequence[str], pipe: Connection
+) -> None:
     """One connection per subject (over the endpoints in turn); at "stop", every payload key seen."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _event_loop()
     asyncio.run(_subscribe(target, endpoints, subjects, pipe))
 
 
-async def _subscribe(target: str, endpoints: Sequence[tuple[str, int]], subjects: Sequence[str], pipe: Connection) -> None:
+async def _subscribe(
+    target: str, endpoints: Sequence[tuple[str, int]], subjects: Sequence[str], pipe: Connection
+) -> None:
     loop = asyncio.get_running_loop()
     seen: set[int] = set()
     duplicates = [0]
@@ -331,14 +343,15 @@ async def _subscribe(target: str, endpoints: Sequence[tuple[str, int]], subjects
             codec = subscriber_codec(target)
             done: asyncio.Future[None] = loop.create_future()
             holder: list[_Stream] = []
-            _, stream = await loop.create_connection(lambda: _Stream(opener(codec, done, holder)), host, port)
+            factory = functools.partial(_Stream, opener(codec, done, holder))
+            _, stream = await loop.create_connection(factory, host, port)
             holder.append(stream)
             assert stream.transport is not None
             stream.transport.write(codec.hello(host, [subject]))
             streams.append(stream)
             ready.append(done)
         await asyncio.wait_for(asyncio.gather(*ready), 60)
-    except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+    except (TimeoutError, OSError, ConnectionError) as exc:
         pipe.send(("failed", f"subscriber: {type(exc).__name__}: {exc}"))
         return
     pipe.send(("ready",))
@@ -349,9 +362,7 @@ async def _subscribe(target: str, endpoints: Sequence[tuple[str, int]], subjects
             stream.transport.close()
 
 
-def _publisher_main(
-    target: str, endpoint: tuple[str, int], index: int, config: IngestConfig, pipe: Connection
-) -> None:
+def _publisher_main(target: str, endpoint: tuple[str, int], index: int, config: IngestConfig, pipe: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _event_loop()
     asyncio.run(_publish(target, endpoint, index, config, pipe))
@@ -423,7 +434,7 @@ async def _publish(target: str, endpoint: tuple[str, int], index: int, config: I
         assert stream.transport is not None
         stream.transport.write(codec.hello(endpoint[0]))
         await asyncio.wait_for(connected, 30)
-    except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+    except (TimeoutError, OSError, ConnectionError) as exc:
         pipe.send(("failed", f"publisher {index}: {type(exc).__name__}: {exc}"))
         return
     pipe.send(("ready",))
@@ -445,7 +456,7 @@ async def _publish(target: str, endpoint: tuple[str, int], index: int, config: I
         idle = loop.create_future()
         try:
             await asyncio.wait_for(idle, DRAIN_SECONDS)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             refused["unanswered at the end"] = len(sent)
     if holder[0].transport is not None:
         holder[0].transport.close()
@@ -548,7 +559,7 @@ def _create_stream(endpoint: tuple[str, int], replicas: int, timeout: float = 60
                     + b"\r\n"
                 )
                 answer = b""
-                while b"\r\nMSG " not in answer and not answer.startswith(b"MSG ") or answer.count(b"\r\n") < 3:
+                while (b"\r\nMSG " not in answer and not answer.startswith(b"MSG ")) or answer.count(b"\r\n") < 3:
                     chunk = sock.recv(65536)
                     if not chunk:
                         break
@@ -595,7 +606,9 @@ def run_ingest(config: IngestConfig) -> IngestResult:
                 share = subjects[n :: config.subscriber_processes]
                 # each subscriber on another endpoint than its subjects' publishers where there are several
                 rotated = endpoints[1:] + endpoints[:1]
-                proc = context.Process(target=_subscriber_main, args=(config.target, rotated, share, child), daemon=True)
+                proc = context.Process(
+                    target=_subscriber_main, args=(config.target, rotated, share, child), daemon=True
+                )
                 proc.start()
                 subscribers.append((proc, parent))
             publishers = []
