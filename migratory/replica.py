@@ -55,9 +55,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Entry:
-    """One numbered message, as replicas apply, cache and exchange it."""
+    """One numbered message, as replicas apply, cache and exchange it (never changed once built; not frozen,
+    as a frozen dataclass's __init__ costs 0.3 us a field, and one is built per publication and replica)."""
 
     epoch: int
     seq: int

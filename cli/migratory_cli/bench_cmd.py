@@ -805,6 +805,9 @@ def ingest_cmd(
                     f"{target} K={window}: {result.per_second:,.0f}/s, {result.server_cpu_us_per_ack} us/ack, "
                     f"p99 {result.ack_p99_ms} ms, {checked}"
                 )
+                if result.by_role:
+                    hops = ", ".join(f"{role} {us} us {w} wake-ups" for role, (us, w) in result.by_role.items())
+                    _console.print(f"  per acknowledged publication: {hops}")
                 table.add_row(
                     target,
                     str(window),

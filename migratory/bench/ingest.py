@@ -38,7 +38,7 @@ from migratory import protocol as p
 from migratory.bench.cluster import LocalCluster, free_ports
 from migratory.bench.loader import BUCKETS, bucket_of, bucket_upper_ns
 from migratory.bench.profiles import Profiler
-from migratory.bench.servers import MultiMeter, ProcessMeter, peer_binary, spawn
+from migratory.bench.servers import TICKS, MultiMeter, ProcessMeter, peer_binary, process_tree, spawn
 from migratory.bench.wire import Codec, MqttCodec, _mask, _mqtt_str, _remaining, _WebSocket, codec_for, nats_subject
 
 __all__ = ["INGEST_TARGETS", "IngestConfig", "IngestResult", "run_ingest"]
@@ -95,6 +95,8 @@ class IngestResult:
     duplicates: int
     refused: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    # server CPU microseconds and wake-ups (context switches) per acknowledged publication, by process role
+    by_role: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -632,6 +634,7 @@ def run_ingest(config: IngestConfig) -> IngestResult:
                 pipe.send(("go", go, warm, end))
             time.sleep(max(0.0, warm - time.monotonic()))
             cpu0 = meter.cpu_seconds()
+            roles0 = role_usage(meter)
             profiler = None
             if config.profile is not None:
                 label = f"{config.target}-K{config.window}"
@@ -641,6 +644,7 @@ def run_ingest(config: IngestConfig) -> IngestResult:
                     errors.append(why)
             time.sleep(max(0.0, end - time.monotonic()))
             cpu1 = meter.cpu_seconds()
+            roles1 = role_usage(meter)
             if profiler is not None:
                 profiler.wait()
             rss = meter.rss_bytes()
@@ -681,6 +685,11 @@ def run_ingest(config: IngestConfig) -> IngestResult:
     if refused:
         errors.append(f"publications refused: {refused}")
     server_cpu = cpu1 - cpu0
+    hops = {
+        role: (round(1e6 * (cpu - roles0.get(role, (0.0, 0))[0]) / acked, 1) if acked else 0.0,
+               round((switches - roles0.get(role, (0.0, 0))[1]) / acked, 2) if acked else 0.0)
+        for role, (cpu, switches) in sorted(roles1.items())
+    }  # fmt: skip
     return IngestResult(
         target=config.target,
         window=config.window,
@@ -702,7 +711,42 @@ def run_ingest(config: IngestConfig) -> IngestResult:
         duplicates=duplicates,
         refused=refused,
         errors=errors,
+        by_role=hops,
     )
+
+
+def _role(pid: int) -> str:
+    """What a server process is: this server's agent, worker or supervisor; a peer's process by its name."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "gone"
+    if comm == "migratory-agent":
+        return "agent"
+    if comm.startswith("migratory-w"):
+        return "worker"
+    return "main" if comm.startswith("python") else comm
+
+
+def role_usage(meter: MultiMeter) -> dict[str, tuple[float, int]]:
+    """CPU seconds and context switches (every thread's voluntary and involuntary: its wake-ups), summed
+    per role over every process of the servers, from /proc."""
+    usage: dict[str, tuple[float, int]] = {}
+    for root in meter.meters:
+        for pid in process_tree(root.pid):
+            role = _role(pid)
+            cpu, switches = usage.get(role, (0.0, 0))
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                cpu += (int(fields[11]) + int(fields[12])) / TICKS
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    for line in (task / "status").read_text().splitlines():
+                        if "ctxt_switches:" in line:
+                            switches += int(line.split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            usage[role] = (cpu, switches)
+    return usage
 
 
 def _parent(folder: Path) -> str:
