@@ -1,7 +1,10 @@
 """Subject syntax: ``/Seg1/Seg2[/...]``, like a Unix absolute path.
 
 A subject is an initial ``/`` followed by two or more non-empty segments separated
-by single slashes; ``/`` is reserved inside a segment. Subjects are UTF-8 text.
+by single slashes; ``/`` is reserved inside a segment. Subjects are UTF-8 text. A first
+segment ``~`` is the escaped form of an MQTT topic that is not a subject as it stands
+(migratory/topics.py): every later segment starts with ``~``, and it is the canonical form,
+so no two subjects name one topic.
 Every interface (WebSocket, HTTP, MQTT) validates with this one function so that
 the reasons a client sees are the same everywhere.
 """
@@ -9,13 +12,22 @@ the reasons a client sees are the same everywhere.
 from __future__ import annotations
 
 __all__ = [
+    "ESCAPE",
     "MAX_SUBJECT_BYTES",
     "PRIVATE_PREFIX",
+    "RESERVED_PREFIX",
     "InvalidSubject",
     "check_subject",
     "is_valid_subject",
     "private_first",
 ]
+
+RESERVED_PREFIX = "/migratory/"
+"""The server's own subjects (statistics, MQTT session state): no client publishes there, and no first-level
+MQTT wildcard matches them."""
+
+ESCAPE = "~"
+"""The first segment of an escaped MQTT topic, and the prefix of each of its levels."""
 
 PRIVATE_PREFIX = "/migratory/mqtt/"
 """The server's private state (MQTT session records and claims): no client reads or writes it, wildcards
@@ -61,7 +73,24 @@ def check_subject(subject: str) -> str:
                 f"segment {index + 1} is empty: the slash (/) character is not allowed "
                 "in a segment and every segment must contain at least one character",
             )
+    if segments[0] == ESCAPE:
+        _check_escaped(subject, segments[1:])
     return subject
+
+
+def _check_escaped(subject: str, levels: list[str]) -> None:
+    for index, level in enumerate(levels):
+        if level[0] != ESCAPE:
+            raise InvalidSubject(
+                subject,
+                f"segment {index + 2} does not start with {ESCAPE}: a subject /{ESCAPE}/... is an escaped "
+                f"MQTT topic, every level written {ESCAPE}level",
+            )
+    topic = [level[1:] for level in levels]
+    if topic == [""]:
+        raise InvalidSubject(subject, "it is the escaped form of an empty topic")
+    if len(topic) >= 2 and topic[0] != ESCAPE and "" not in topic:
+        raise InvalidSubject(subject, f"topic {'/'.join(topic)!r} is the subject /{'/'.join(topic)}, not escaped")
 
 
 def is_valid_subject(subject: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from migratory.topics import pattern_matches
+from migratory.topics import subject_matches
 
 __all__ = [
     "PatternIndex",
@@ -177,9 +177,8 @@ class PatternIndex(Generic[S]):
 
     def match(self, subject: str) -> set[S]:
         """The subscribers of every pattern ``subject`` matches (each once)."""
-        levels = subject[1:].split("/")
         found: set[S] = set()
         for pattern, members in self._patterns.values():
-            if pattern_matches(pattern, levels):
+            if subject_matches(pattern, subject):
                 found |= members
         return found

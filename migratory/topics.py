@@ -1,30 +1,48 @@
 """MQTT topic names and filters as subjects and subject patterns (docs/mqtt.md, "Mapping").
 
-Topic ``a/b/c`` is subject ``/a/b/c`` and back; a topic that would be an invalid subject (a
-single level, an empty level, a leading or trailing ``/``) is refused with the subject rule's
-own reason, the same one a native client gets. Topics beginning with ``$`` are the server's:
-clients cannot publish there, and ``+`` or ``#`` in the first level never match them.
+Every MQTT topic has a subject, and back, so native and MQTT clients reach the same data:
 
-A filter with wildcards becomes a pattern: a tuple of levels where ``+`` matches one level,
-a last ``#`` zero or more levels (``a/#`` matches ``a`` too, as MQTT says), and a last ``**``
-one or more (what a ``#`` becomes when the client may read below a level but not the level
-itself). The entitlement sees a pattern in its own syntax (``*`` and ``**``).
+- a topic of two or more non-empty levels whose first level is not ``~`` is the subject of the same
+  levels: ``a/b/c`` is ``/a/b/c``, as it always was;
+- any other topic (one level, an empty level, a leading or trailing ``/``, a first level ``~``) is
+  the *escaped* subject: ``/~`` and then every level with a ``~`` in front, so none is empty:
+  ``TopicA`` is ``/~/~TopicA``, ``/TopicA`` is ``/~/~/~TopicA``, ``a//b`` is ``/~/~a/~/~b``.
+
+Only the canonical escaped form is a valid subject (migratory/subjects.py), so no two subjects name
+one topic. Topics beginning with ``$`` are the server's: clients cannot publish there, and ``+`` or
+``#`` in the first level never match them, nor the server's own subjects under ``/migratory/``
+(statistics, MQTT session records).
+
+A filter with wildcards becomes a pattern of topic levels, matched against a subject's topic levels
+(:func:`subject_matches`): ``+`` matches one level (an empty one too), a last ``#`` zero or more
+(``a/#`` matches ``a``, as MQTT says), and a last ``**`` one or more (what a ``#`` becomes when the
+client may read below a level but not the level itself). The entitlement sees a pattern in its own
+syntax (``*`` and ``**``), in both subject forms (:meth:`Filter.entitlement_subjects`); a pattern
+entitled in one form only carries a first element that keeps it to that form.
 """
 
 from __future__ import annotations
 
-from migratory.subjects import InvalidSubject, check_subject
+from migratory.subjects import ESCAPE, RESERVED_PREFIX, InvalidSubject, check_subject
 
 __all__ = [
     "Filter",
+    "Pattern",
     "TopicError",
     "parse_filter",
     "pattern_matches",
+    "subject_matches",
     "subject_to_topic",
+    "topic_levels",
     "topic_to_subject",
 ]
 
 Pattern = tuple[str, ...]
+
+PLAIN_ONLY = "\x01"
+"""A pattern's first element when it may match plain subjects only (its escaped form is not entitled)."""
+ESCAPED_ONLY = "\x02"
+"""A pattern's first element when it may match escaped subjects only."""
 
 
 class TopicError(ValueError):
@@ -35,59 +53,140 @@ class TopicError(ValueError):
         self.reason = reason
 
 
+def _escaped(levels: list[str]) -> str:
+    return "/" + ESCAPE + "".join("/" + ESCAPE + level for level in levels)
+
+
+def _is_plain(levels: list[str]) -> bool:
+    return len(levels) >= 2 and levels[0] != ESCAPE and "" not in levels
+
+
 def topic_to_subject(topic: str) -> str:
     """The subject of a PUBLISH topic name, or :class:`TopicError`."""
     if "+" in topic or "#" in topic:
         raise TopicError(f"topic name {topic!r} contains a wildcard (+ or #)")
     if topic.startswith("$"):
         raise TopicError(f"topic names beginning with $ are the server's ({topic!r})")
+    if not topic:
+        raise TopicError("the topic name is empty")
+    levels = topic.split("/")
+    subject = "/" + topic if _is_plain(levels) else _escaped(levels)
     try:
-        return check_subject("/" + topic)
+        return check_subject(subject)
     except InvalidSubject as exc:
         raise TopicError(f"topic {topic!r} maps to an invalid subject: {exc.reason}") from None
 
 
+def topic_levels(subject: str) -> list[str]:
+    """The MQTT topic levels of a valid subject (the escaped form decoded)."""
+    levels = subject[1:].split("/")
+    if levels[0] == ESCAPE:
+        return [level[1:] for level in levels[1:]]
+    return levels
+
+
 def subject_to_topic(subject: str) -> str:
+    """The MQTT topic name of a valid subject: the inverse of :func:`topic_to_subject`."""
+    if subject.startswith("/" + ESCAPE + "/"):
+        return "/".join(topic_levels(subject))
     return subject[1:]
 
 
+def pattern_matches(pattern: Pattern, levels: list[str]) -> bool:
+    """Whether a topic's levels match ``pattern`` (a first-level wildcard never matches a ``$`` topic)."""
+    if levels and levels[0].startswith("$") and pattern[0] in ("+", "#", "**"):
+        return False
+    for index, want in enumerate(pattern):
+        if want == "#":
+            return len(levels) >= index
+        if want == "**":
+            return len(levels) > index
+        if index >= len(levels) or (want != "+" and want != levels[index]):
+            return False
+    return len(levels) == len(pattern)
+
+
+def subject_matches(pattern: Pattern, subject: str) -> bool:
+    """Whether ``subject`` is one the MQTT ``pattern`` delivers: its topic matches, it is in a form the pattern
+    is entitled to, and a first-level wildcard never reaches the server's own subjects."""
+    first = pattern[0]
+    if first in (PLAIN_ONLY, ESCAPED_ONLY):
+        if subject.startswith("/" + ESCAPE + "/") != (first == ESCAPED_ONLY):
+            return False
+        pattern = pattern[1:]
+        first = pattern[0]
+    if first in ("+", "#", "**") and subject.startswith(RESERVED_PREFIX):
+        return False
+    return pattern_matches(pattern, topic_levels(subject))
+
+
+def _entitlement_level(level: str) -> str:
+    return "*" if level == "+" else "**" if level in ("#", "**") else level
+
+
 class Filter:
-    """A parsed SUBSCRIBE filter: an exact subject, or a pattern (with its key and entitlement form)."""
+    """A parsed SUBSCRIBE filter: an exact subject, or a pattern, with the text the client wrote and its key
+    among the client's subscriptions (the same however the pattern is restricted)."""
 
-    __slots__ = ("key", "pattern", "subject")
+    __slots__ = ("key", "pattern", "subject", "text")
 
-    def __init__(self, subject: str | None, pattern: Pattern | None) -> None:
+    def __init__(self, text: str, subject: str | None, pattern: Pattern | None) -> None:
+        self.text = text
         self.subject = subject
         self.pattern = pattern
         # a pattern's name among the client's subscriptions: NUL never occurs in a subject
-        self.key = subject if subject is not None else "\x00/" + "/".join(pattern or ())
+        self.key = subject if subject is not None else "\x00/" + text
+
+    def _levels(self) -> Pattern:
+        assert self.pattern is not None
+        return self.pattern[1:] if self.pattern[0] in (PLAIN_ONLY, ESCAPED_ONLY) else self.pattern
 
     def entitlement_subject(self) -> str:
-        """The pattern as the entitlement reads it (``*``, ``**``); an exact subject as is."""
+        """The subject or pattern the entitlement decides on (for a pattern, the first of its forms)."""
         if self.subject is not None:
             return self.subject
-        assert self.pattern is not None
-        levels = ["*" if level == "+" else "**" if level == "#" else level for level in self.pattern]
-        return "/" + "/".join(levels)
+        return next(form for form in self.entitlement_subjects() if form is not None)
+
+    def entitlement_subjects(self) -> tuple[str | None, str]:
+        """A pattern in the entitlement's syntax as it reads plain subjects (None if it can match none) and
+        as it reads escaped ones: ``a/+`` is ``/a/*`` and ``/~/~a/*``."""
+        levels = self._levels()
+        last = levels[-1]
+        literal = [level for level in levels if level not in ("+", "#", "**")]
+        # a plain subject has two or more levels, none empty, and a first that is not the escape
+        plain_possible = "" not in literal and levels[0] != ESCAPE and (len(levels) >= 2 or last in ("#", "**"))
+        plain = "/" + "/".join(map(_entitlement_level, levels)) if plain_possible else None
+        escaped = (
+            "/"
+            + ESCAPE
+            + "".join(
+                "/" + (_entitlement_level(level) if level in ("+", "#", "**") else ESCAPE + level) for level in levels
+            )
+        )
+        return plain, escaped
+
+    def restricted(self, plain: bool) -> Filter:
+        """The same filter kept to plain subjects (``plain``) or to escaped ones."""
+        return Filter(self.text, None, (PLAIN_ONLY if plain else ESCAPED_ONLY, *self._levels()))
 
     def parent(self) -> str | None:
-        """For a filter ending in ``#``: the level it also matches (``a/b`` of ``a/b/#``), if a valid subject."""
-        if self.pattern is None or self.pattern[-1] != "#" or "+" in self.pattern:
+        """For a filter ending in ``#``: the subject of the level it also matches (``a/b`` of ``a/b/#``)."""
+        levels = self._levels() if self.pattern is not None else ()
+        if not levels or levels[-1] != "#" or "+" in levels or len(levels) < 2:
             return None
-        subject = "/" + "/".join(self.pattern[:-1])
         try:
-            return check_subject(subject)
-        except InvalidSubject:
+            return topic_to_subject("/".join(levels[:-1]))
+        except TopicError:
             return None
 
     def children_only(self) -> Filter:
         """The same filter with its last ``#`` matching one or more levels, not zero."""
         assert self.pattern is not None
-        return Filter(None, (*self.pattern[:-1], "**"))
+        return Filter(self.text, None, (*self.pattern[:-1], "**"))
 
 
 def parse_filter(topic_filter: str) -> Filter:
-    """Check a filter as MQTT does (``#`` last and alone in its level, ``+`` alone) and map it."""
+    """Check a filter as MQTT does (non-empty, ``#`` last and alone in its level, ``+`` alone) and map it."""
     if topic_filter.startswith("$share/"):
         raise TopicError("shared subscriptions ($share/...) are not supported")
     if topic_filter.startswith("$"):
@@ -95,6 +194,8 @@ def parse_filter(topic_filter: str) -> Filter:
             f"topics beginning with $ are the server's and it publishes none ({topic_filter!r}); "
             "its statistics are under migratory/stats/"
         )
+    if not topic_filter:
+        raise TopicError("the topic filter is empty")
     levels = topic_filter.split("/")
     wild = False
     for index, level in enumerate(levels):
@@ -106,22 +207,6 @@ def parse_filter(topic_filter: str) -> Filter:
             wild = True
         elif "#" in level or "+" in level:
             raise TopicError(f"filter {topic_filter!r}: a wildcard must be a whole level")
-        elif level == "":
-            raise TopicError(f"filter {topic_filter!r}: level {index + 1} is empty (subjects have no empty level)")
     if not wild:
-        return Filter(topic_to_subject(topic_filter), None)
-    return Filter(None, tuple(levels))
-
-
-def pattern_matches(pattern: Pattern, levels: list[str]) -> bool:
-    """Whether a subject's levels (without the leading empty one) match ``pattern``."""
-    if levels and levels[0].startswith("$") and pattern[0] in ("+", "#", "**"):
-        return False
-    for index, want in enumerate(pattern):
-        if want == "#":
-            return len(levels) >= index
-        if want == "**":
-            return len(levels) > index
-        if index >= len(levels) or (want != "+" and want != levels[index]):
-            return False
-    return len(levels) == len(pattern)
+        return Filter(topic_filter, topic_to_subject(topic_filter), None)
+    return Filter(topic_filter, None, tuple(levels))

@@ -15,7 +15,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from migratory import mqtt as m
-from migratory.topics import TopicError, parse_filter, pattern_matches, subject_to_topic, topic_to_subject
+from migratory.topics import TopicError, parse_filter, subject_matches, subject_to_topic, topic_to_subject
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20)
 PUBLISH_PROPS = st.fixed_dictionaries(
@@ -193,10 +193,11 @@ def test_server_packets() -> None:
 
 def test_topics_and_subjects() -> None:
     assert topic_to_subject("a/b/c") == "/a/b/c" and subject_to_topic("/a/b/c") == "a/b/c"
-    for bad in ("a", "/a/b", "a//b", "a/b/", "a/+", "a/#", "$SYS/x"):
+    assert topic_to_subject("a") == "/~/~a" and topic_to_subject("a//b") == "/~/~a/~/~b"
+    for bad in ("", "a/+", "a/#", "$SYS/x"):
         with pytest.raises(TopicError):
             topic_to_subject(bad)
-    for bad in ("a/#/b", "a/b#", "a+/b", "$share/g/a/b", "$SYS/#", "a//#"):
+    for bad in ("a/#/b", "a/b#", "a+/b", "$share/g/a/b", "$SYS/#", ""):
         with pytest.raises(TopicError):
             parse_filter(bad)
     exact = parse_filter("a/b")
@@ -204,7 +205,11 @@ def test_topics_and_subjects() -> None:
     wild = parse_filter("a/+/c/#")
     assert wild.pattern == ("a", "+", "c", "#") and wild.key == "\x00/a/+/c/#"
     assert wild.entitlement_subject() == "/a/*/c/**"
-    assert parse_filter("a/b/#").parent() == "/a/b" and parse_filter("a/#").parent() is None
+    assert wild.entitlement_subjects() == ("/a/*/c/**", "/~/~a/*/~c/**")
+    assert parse_filter("+").entitlement_subjects() == (None, "/~/*")
+    assert parse_filter("a/b/#").parent() == "/a/b" and parse_filter("a/#").parent() == "/~/~a"
+    assert parse_filter("#").parent() is None
+    assert parse_filter("a/b/#").children_only().key == parse_filter("a/b/#").key  # unsubscribe finds it
 
 
 @pytest.mark.parametrize(
@@ -218,7 +223,15 @@ def test_topics_and_subjects() -> None:
         (("a", "+"), "/a/b/c", False),
         (("+", "b"), "/$x/b", False),  # wildcards in the first level never match $-topics
         (("#",), "/x/y", True),
+        (("#",), "/~/~x", True),  # a one-level topic, escaped
+        (("+",), "/~/~x", True),
+        (("+",), "/x/y", False),
+        (("", "+"), "/~/~/~x", True),  # "/x"
+        (("a", "+", "b"), "/~/~a/~/~b", True),  # "+" matches an empty level
+        (("#",), "/migratory/stats/node", False),  # the server's own subjects
+        (("+", "stats", "node"), "/migratory/stats/node", False),
+        (("migratory", "stats", "+"), "/migratory/stats/node", True),  # named, they are readable
     ],
 )
 def test_pattern_matching(pattern: tuple[str, ...], subject: str, matches: bool) -> None:
-    assert pattern_matches(pattern, subject[1:].split("/")) is matches
+    assert subject_matches(pattern, subject) is matches

@@ -59,7 +59,7 @@ from migratory.server.engine.forwards import Forwards
 from migratory.server.engine.streams import StreamRegistry
 from migratory.server.engine.timers import TimerWheel
 from migratory.server.engine.types import PRIVATE_PREFIX, Client, Origin, Publisher, PublishResult, Reply, Stats
-from migratory.subjects import InvalidSubject, check_subject, private_first
+from migratory.subjects import RESERVED_PREFIX, InvalidSubject, check_subject, private_first
 from migratory.subscriptions import (
     subject_set_add,
     subject_set_contains,
@@ -67,7 +67,7 @@ from migratory.subscriptions import (
     subject_set_len,
     subject_set_remove,
 )
-from migratory.topics import pattern_matches
+from migratory.topics import subject_matches
 from migratory.websocket import OP_BINARY, build_frame
 
 if TYPE_CHECKING:
@@ -79,8 +79,6 @@ log = logging.getLogger("migratory.server")
 KEEPALIVE_FLOOR_MS = 2000  # the shortest keep-alive the server promises (ServerKeepAlive below it is raised)
 
 
-RESERVED_PREFIX = "/migratory/"
-"""The server's own state (MQTT session records): no client subscribes or reads a snapshot there."""
 INTERNAL = Origin("127.0.0.1", 0, "server", "internal")
 WORKER_PAUSE = 2.5  # s since the one-second tick after which a worker knows it did not run (and says not ready)
 AGENT_SILENCE = 3.5  # s without the agent's ClusterInfo (sent every second) before a member worker stops taking clients
@@ -419,11 +417,7 @@ class Engine:
 
     def matching_subjects(self, pattern: tuple[str, ...]) -> list[str]:
         """The subjects with a snapshot here that ``pattern`` matches (what a wildcard subscription gets first)."""
-        return [
-            s
-            for s in self.replica.subjects()
-            if pattern_matches(pattern, s[1:].split("/")) and not s.startswith(PRIVATE_PREFIX)
-        ]
+        return [s for s in self.replica.subjects() if subject_matches(pattern, s) and not s.startswith(PRIVATE_PREFIX)]
 
     def unsubscribe(self, conn: Client, subject: str) -> bool:
         conn.subscriptions, found = subject_set_remove(conn.subscriptions, subject)

@@ -24,6 +24,7 @@ import asyncio
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
 from migratory import mqtt as m
@@ -34,7 +35,7 @@ from migratory.server.engine.types import Client
 from migratory.server.sessions.base import ConnectionBase
 from migratory.server.sessions.mqttstore import Record, SessionStore
 from migratory.subscriptions import SubjectSet
-from migratory.topics import Filter, TopicError, parse_filter, pattern_matches, subject_to_topic, topic_to_subject
+from migratory.topics import Filter, TopicError, parse_filter, subject_matches, subject_to_topic, topic_to_subject
 from migratory.websocket import (
     CLOSE_NORMAL,
     OP_BINARY,
@@ -595,6 +596,8 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         if packet.qos == 2 and flow is not None and packet.packet_id in flow.awaiting_rel:
             self._queue(m.encode_ack(m.PUBREC, packet.packet_id, self.level))  # a resend: already taken
             return
+        if "+" in topic or "#" in topic:  # [MQTT-3.3.2-2]: a malformed packet, not a refused topic
+            raise m.MqttError(m.Rc.MALFORMED, f"topic name {topic!r} contains a wildcard (+ or #)")
         try:
             subject = topic_to_subject(topic)
         except TopicError as exc:
@@ -782,7 +785,10 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
     def _subscribe_pattern(self, filt: Filter, decided: Any) -> tuple[p.Status, Filter]:
         engine = self.engine
         origin = self.origin()
-        denial = engine.authorizer.check_subscribe(origin, filt.entitlement_subject()) if decided is False else decided
+        if decided is False:
+            filt, denial = _entitled(filt, lambda form: engine.authorizer.check_subscribe(origin, form))
+        else:
+            denial = decided
         if denial:
             engine.deny(origin, "subscribe", denial[0], denial[1], filt.entitlement_subject())
             return p.Status.DENIED, filt
@@ -899,19 +905,16 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             return None
         if isinstance(options, _SubOptions):
             pattern = options.filter.pattern
-            if options.filter.subject == subject or (
-                pattern is not None and pattern_matches(pattern, subject[1:].split("/"))
-            ):
+            if options.filter.subject == subject or (pattern is not None and subject_matches(pattern, subject)):
                 return options
             return None
         found = options.get(subject)
         if found is not None:
             return found
-        levels = subject[1:].split("/")
         best: _SubOptions | None = None
         for key, candidate in options.items():
             pattern = candidate.filter.pattern
-            matched = key[0] == "\x00" and pattern is not None and pattern_matches(pattern, levels)
+            matched = key[0] == "\x00" and pattern is not None and subject_matches(pattern, subject)
             if matched and (best is None or candidate.qos > best.qos):
                 best = candidate
         return best
@@ -1134,8 +1137,20 @@ def _dup(packet: bytes) -> bytes:
 
 
 def _filter_text(filt: Filter) -> str:
-    """A subscription's filter as the client wrote it (a children-only ``**`` is stored as ``#``)."""
-    if filt.subject is not None:
-        return subject_to_topic(filt.subject)
-    assert filt.pattern is not None
-    return "/".join("#" if level == "**" else level for level in filt.pattern)
+    """A subscription's filter as the client wrote it (what a stored session keeps, and entitles again)."""
+    return filt.text
+
+
+def _entitled(filt: Filter, check: Callable[[str], Any]) -> tuple[Filter, Any]:
+    """A pattern as the entitlement allows it: whole, kept to the plain or the escaped subjects (docs/mqtt.md,
+    "Mapping") if only one form is entitled, or the denial of both."""
+    plain, escaped = filt.entitlement_subjects()
+    escaped_denial = check(escaped)
+    if plain is None:
+        return filt, escaped_denial
+    plain_denial = check(plain)
+    if plain_denial and not escaped_denial:
+        return filt.restricted(plain=False), None
+    if escaped_denial and not plain_denial:
+        return filt.restricted(plain=True), None
+    return filt, plain_denial

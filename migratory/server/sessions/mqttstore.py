@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from migratory.message import QoS
 from migratory.server.engine.core import Engine
 from migratory.server.engine.types import PRIVATE_PREFIX
-from migratory.topics import Pattern, TopicError, parse_filter, pattern_matches
+from migratory.topics import Pattern, TopicError, parse_filter, subject_matches, subject_to_topic
 
 __all__ = ["PREFIX", "Record", "SessionStore", "Wanted", "record_subject"]
 
@@ -189,7 +189,7 @@ class Wanted:
             assert filt.pattern is not None
             self.patterns[text] = filt.pattern
             for subject in self.replica.subjects():
-                if pattern_matches(filt.pattern, subject[1:].split("/")) and not subject.startswith(PREFIX):
+                if subject_matches(filt.pattern, subject) and not subject.startswith(PREFIX):
                     self.replica.keep(subject, True)
 
     def _remove(self, text: str) -> None:
@@ -206,19 +206,18 @@ class Wanted:
                 return
             subjects = [filt.subject] if filt.subject is not None else []
         else:
-            subjects = [s for s in self.replica.kept() if pattern_matches(pattern, s[1:].split("/"))]
+            subjects = [s for s in self.replica.kept() if subject_matches(pattern, s)]
         for subject in subjects:
             if not self._matches(subject):
                 self.replica.keep(subject, False)
 
     def _matches(self, subject: str) -> bool:
         """Whether a filter some stored session holds matches ``subject``."""
-        if subject[1:] in self.holders:
+        if subject_to_topic(subject) in self.holders:
             return True
         if not self.patterns or subject.startswith(PREFIX):
             return False
-        levels = subject[1:].split("/")
-        return any(pattern_matches(pattern, levels) for pattern in self.patterns.values())
+        return any(subject_matches(pattern, subject) for pattern in self.patterns.values())
 
 
 class Holder(Protocol):
