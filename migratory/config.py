@@ -496,6 +496,15 @@ class Config:
         "client's session expiry interval and the expiry of an MQTT 3.1.1 persistent session (clean session "
         "0). Sessions are kept in the cluster (docs/mqtt.md); 0 ends every session with its connection.",
     )
+    mqtt_allow_anonymous: bool = key(
+        "MqttAllowAnonymous",
+        True,
+        parse_bool,
+        "Whether an MQTT client with neither user name nor password may connect (it may then do what the "
+        "entitlement allows without a token). false refuses it at CONNECT (CONNACK 0x87, 3.1.1: 0x05). A "
+        "credential the entitlement can tell is bad (a JWT badly signed, malformed or expired) is always "
+        "refused at CONNECT (docs/mqtt.md).",
+    )
     tls_certificate: str = key(
         "TLSCertificate",
         "",

@@ -47,8 +47,16 @@ log = logging.getLogger("migratory.server")
 
 Decision = tuple[str, str] | None
 
+_EXPIRED = "the token has expired"
+
 
 class Entitlement(Protocol):
+    def authenticate(self, token: str) -> Decision:
+        """Whether a client presenting ``token`` may connect at all (MQTT's CONNECT): a token the entitlement
+        can tell is bad (a JWT badly signed, malformed or expired) is refused there, not at its first request.
+        The reason code is ``bad_credentials`` or ``expired``."""
+        ...
+
     def check_subscribe(self, token: str, subject: str, address: str) -> Decision: ...
 
     def check_publish(self, token: str, subject: str, address: str) -> Decision: ...
@@ -69,6 +77,9 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 
 class NoEntitlement:
+    def authenticate(self, token: str) -> Decision:
+        return None
+
     def check_subscribe(self, token: str, subject: str, address: str) -> Decision:
         return None
 
@@ -103,14 +114,14 @@ class JwtEntitlement:
         cached = self._cache.get(token)
         if cached is not None:
             if isinstance(cached, dict) and "exp" in cached and cached["exp"] < time.time():
-                return "the token has expired"
+                return _EXPIRED
             return cached
         import jwt
 
         try:
             claims: dict[str, Any] | str = jwt.decode(token, self.key, algorithms=self.algorithms)
         except jwt.ExpiredSignatureError:
-            claims = "the token has expired"
+            claims = _EXPIRED
         except jwt.InvalidTokenError as exc:
             claims = f"invalid token: {exc}"
         if len(self._cache) > 10000:
@@ -130,6 +141,12 @@ class JwtEntitlement:
             return None
         verb = "subscribe to" if kind == "sub" else "publish on"
         return ("entitlement", f"the token does not allow to {verb} {subject}")
+
+    def authenticate(self, token: str) -> Decision:
+        claims = self._claims(token) if token else {}
+        if not isinstance(claims, str):
+            return None
+        return ("expired" if claims == _EXPIRED else "bad_credentials", claims)
 
     def check_subscribe(self, token: str, subject: str, address: str) -> Decision:
         return self._check(token, subject, "sub")
@@ -183,6 +200,9 @@ class CustomEntitlement:
                 close()  # an async class is awaited by the server (is_async), never here
             return ("entitlement", "custom entitlement is asynchronous: awaited by the server")
         return self.verdict(method, allowed)
+
+    def authenticate(self, token: str) -> Decision:
+        return None  # the class decides per request only
 
     def check_subscribe(self, token: str, subject: str, address: str) -> Decision:
         return self._ask("authorize_subscribe", token, subject, address)

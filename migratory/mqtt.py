@@ -292,7 +292,7 @@ class Will:
 
 @dataclass(frozen=True, slots=True)
 class Connect:
-    level: int  # 4: MQTT 3.1.1, 5: MQTT 5.0
+    level: int  # 4: MQTT 3.1.1 (and 3.1), 5: MQTT 5.0
     clean: bool
     keep_alive: int
     client_id: str
@@ -412,7 +412,10 @@ _PROTOCOL_NAMES = {4: b"MQTT", 5: b"MQTT", 3: b"MQIsdp"}
 
 
 def decode_connect(flags: int, body: bytes) -> Connect:
-    """CONNECT: the first packet, whatever the version (raises UNSUPPORTED_VERSION for 3.1 and unknown)."""
+    """CONNECT: the first packet, whatever the version (raises UNSUPPORTED_VERSION for an unknown one).
+
+    MQTT 3.1 (``MQIsdp``, level 3) is decoded as 3.1.1 (level 4): its packets are the same after CONNECT,
+    and a 3.1 client reads 3.1.1's answers (Mosquitto does the same); 3.1 requires a client identifier."""
     if flags:
         raise MqttError(Rc.MALFORMED, "CONNECT with reserved flags set")
     r = _Reader(body)
@@ -422,8 +425,6 @@ def decode_connect(flags: int, body: bytes) -> Connect:
         raise MqttError(
             Rc.UNSUPPORTED_VERSION, f"protocol {name!r} level {level}: this server speaks MQTT 3.1.1 and 5.0"
         )
-    if level == 3:
-        raise MqttError(Rc.UNSUPPORTED_VERSION, "MQTT 3.1 is not supported: use 3.1.1 or 5.0")
     cflags = r.byte("connect flags")
     if cflags & 0x01:
         raise MqttError(Rc.MALFORMED, "CONNECT flags: the reserved bit is set")
@@ -433,7 +434,7 @@ def decode_connect(flags: int, body: bytes) -> Connect:
         raise MqttError(Rc.MALFORMED, "CONNECT flags: will QoS or retain without a will")
     if will_qos == 3:
         raise MqttError(Rc.MALFORMED, "CONNECT flags: will QoS 3")
-    if level == 4 and has_password and not has_username:
+    if level != 5 and has_password and not has_username:
         raise MqttError(Rc.MALFORMED, "CONNECT flags: a password without a user name")
     keep_alive = r.two("keep alive")
     props = r.properties(CONNECT) if level == 5 else {}
@@ -449,6 +450,10 @@ def decode_connect(flags: int, body: bytes) -> Connect:
     password = r.binary("password") if has_password else None
     if r.left:
         raise MqttError(Rc.MALFORMED, "bytes after the CONNECT payload")
+    if level == 3:
+        if not client_id:
+            raise MqttError(Rc.CLIENT_ID_NOT_VALID, "MQTT 3.1 needs a client identifier")
+        level = 4
     return Connect(level, bool(cflags & 0x02), keep_alive, client_id, will, username, password, props)
 
 

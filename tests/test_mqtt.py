@@ -426,6 +426,45 @@ def test_entitlement_refusals_use_the_reason_codes(
     assert [c.value for c in subscribe(no_token, "allowed/x", 1)] == [0x87]
 
 
+def _connack(port: int, version: int, password: str | None) -> int:
+    """The CONNACK reason code a paho client gets with ``password`` (None: anonymous)."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"creds-{version}", protocol=version)
+    if password is not None:
+        client.username_pw_set("user", password)
+    got: list[int] = []
+    done = threading.Event()
+
+    def on_connect(_c: mqtt.Client, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
+        got.append(reason.value)  # paho gives 3.1.1's return codes 4 and 5 as 0x86 and 0x87
+        done.set()
+
+    client.on_connect = on_connect
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        assert done.wait(10), "no CONNACK"
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    return got[0]
+
+
+def test_credentials_are_checked_at_connect(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """Item 6 of issue 49: with JWT entitlement a badly signed or malformed token gets CONNACK 0x86 (3.1.1: 0x04),
+    an expired one 0x87 (0x05); MqttAllowAnonymous = false refuses a client with no credentials, 0x87 (0x05)."""
+    _, port = mqtt_server({"Entitlement": "JWT", "EntitlementJwtSecret": SECRET, "MqttAllowAnonymous": "false"})
+    good = jwt.encode({"permissions": {"sub": ["/a/**"]}}, SECRET, algorithm="HS256")
+    forged = jwt.encode({"permissions": {"sub": ["/**"]}}, "another-secret-0123456789abcdef", algorithm="HS256")
+    expired = jwt.encode({"permissions": {"sub": ["/**"]}, "exp": int(time.time()) - 60}, SECRET, algorithm="HS256")
+    cases = {"good": good, "forged": forged, "garbage": "not.a.jwt", "expired": expired, "anonymous": None}
+    v5 = {name: _connack(port, V5, token) for name, token in cases.items()}
+    v3 = {name: _connack(port, V311, token) for name, token in cases.items()}
+    assert v5 == {"good": 0, "forged": 0x86, "garbage": 0x86, "expired": 0x87, "anonymous": 0x87}
+    assert v3 == v5
+
+
 def test_dollar_topics_and_shared_subscriptions_are_refused_with_a_reason(
     mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
 ) -> None:
@@ -479,6 +518,69 @@ def test_every_valid_topic_works(
     while not will.is_connected() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert will.is_connected(), "a will on a one-level topic was refused"
+
+
+def _resume(made: list[mqtt.Client], port: int, client_id: str, expiry: int) -> tuple[mqtt.Client, bool]:
+    """An MQTT 5 connection with clean start 0 and a session expiry interval; whether the session was present."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=V5)
+    done = threading.Event()
+    present: list[bool] = []
+
+    def on_connect(_c: mqtt.Client, _u: Any, flags: Any, reason: Any, _props: Any) -> None:
+        assert not reason.is_failure, reason
+        present.append(bool(flags.session_present))
+        done.set()
+
+    client.on_connect = on_connect
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = expiry
+    client.connect("127.0.0.1", port, clean_start=False, properties=props)
+    client.loop_start()
+    made.append(client)
+    assert done.wait(10), "no CONNACK"
+    return client, present[0]
+
+
+def _disconnect(client: mqtt.Client, expiry: int) -> None:
+    props = Properties(PacketTypes.DISCONNECT)
+    props.SessionExpiryInterval = expiry
+    client.disconnect(properties=props)
+    client.loop_stop()
+
+
+def test_the_session_expiry_in_disconnect_is_the_one_that_counts(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """MQTT 5 3.14.2.2.2: a DISCONNECT's Session Expiry Interval replaces the CONNECT's: lengthened, the session
+    outlives the first interval; set to 0, it ends with the connection."""
+    _, port = mqtt_server()
+    client, present = _resume(clients, port, "expiring", 1)
+    assert not present
+    subscribe(client, "kept/x", 1)
+    _disconnect(client, 60)
+    time.sleep(2.5)  # past the CONNECT's 1 s
+    client, present = _resume(clients, port, "expiring", 60)
+    assert present, "the session ended after the CONNECT's interval, not the DISCONNECT's"
+    _disconnect(client, 0)
+    time.sleep(0.5)
+    _, present = _resume(clients, port, "expiring", 60)
+    assert not present, "a DISCONNECT with session expiry 0 kept the session"
+
+
+def test_an_mqtt_3_1_client_publishes_and_subscribes(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """paho-mqtt speaking MQTT 3.1 (MQIsdp) beside a 5.0 client: both ways, QoS 0 and 1."""
+    _, port = mqtt_server()
+    old, new = Received(), Received()
+    device = connect(clients, port, "old-device", mqtt.MQTTv31, received=old)
+    assert [c.value for c in subscribe(device, "to/device", 1)] == [1]
+    app = connect(clients, port, "app", V5, received=new)
+    subscribe(app, "from/device", 1)
+    device.publish("from/device", b"reading", qos=1).wait_for_publish(5)
+    app.publish("to/device", b"command", qos=0)
+    assert [m.payload for m in new.wait(1)] == [b"reading"]
+    assert [m.payload for m in old.wait(1)] == [b"command"]
 
 
 def test_native_clients_reach_mqtt_topics_by_their_escaped_subject(

@@ -115,10 +115,15 @@ def _connect(level: int, flags: int, client_id: str = "c", extra: bytes = b"", p
     return body + struct.pack("!H", len(raw)) + raw + extra
 
 
+def test_mqtt_3_1_is_read_as_3_1_1() -> None:
+    connect = m.decode_connect(0, _connect(3, 0x02, client_id="old-device"))
+    assert (connect.level, connect.client_id, connect.clean) == (4, "old-device", True)
+
+
 @pytest.mark.parametrize(
     ("body", "code"),
     [
-        (_connect(3, 0x02), m.Rc.UNSUPPORTED_VERSION),
+        (_connect(3, 0x02, client_id=""), m.Rc.CLIENT_ID_NOT_VALID),  # 3.1 requires one
         (_connect(6, 0x02), m.Rc.UNSUPPORTED_VERSION),
         (_connect(4, 0x03), m.Rc.MALFORMED),  # the reserved bit
         (_connect(4, 0x42), m.Rc.MALFORMED),  # a password without a user name (3.1.1)

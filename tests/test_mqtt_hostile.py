@@ -663,7 +663,7 @@ def test_connect_with_reserved_flags(broker: Broker, level: int, first: int, cfl
     broker.refused_by(raw, "CONNECT flags")
 
 
-@pytest.mark.parametrize(("name", "level"), [(b"MQIsdp", 3), (b"MQTT", 6), (b"MQTT", 3), (b"MQTT", 0)])
+@pytest.mark.parametrize(("name", "level"), [(b"MQIsdp", 4), (b"MQTT", 6), (b"MQTT", 3), (b"MQTT", 0)])
 def test_unsupported_protocol_level(broker: Broker, name: bytes, level: int) -> None:
     """3.1.1 [MQTT-3.1.2-2]: CONNACK return code 0x01 (unacceptable protocol level), then close."""
     raw = Raw(broker.port)
@@ -672,6 +672,20 @@ def test_unsupported_protocol_level(broker: Broker, name: bytes, level: int) -> 
     got = raw.until_closed()
     assert got == [Packet(CONNACK, 0, b"\x00\x01")], got
     broker.refused_by(raw, f"protocol level {level}")
+
+
+def test_mqtt_3_1_is_accepted_and_needs_a_client_identifier(broker: Broker) -> None:
+    """MQTT 3.1 (MQIsdp, level 3), still spoken by older devices: CONNACK 0 as Mosquitto answers; without a
+    client identifier, which 3.1 requires, CONNACK 0x02 (identifier rejected)."""
+    raw = Raw(broker.port)
+    raw.send(packet(0x10, string(b"MQIsdp") + bytes((3, 0x02)) + u16(30) + string("old-device")))
+    assert raw.expect(CONNACK).body == b"\x00\x00"
+    raw.ping()
+    raw.close()
+    anonymous = Raw(broker.port)
+    anonymous.send(packet(0x10, string(b"MQIsdp") + bytes((3, 0x02)) + u16(30) + string("")))
+    assert anonymous.until_closed() == [Packet(CONNACK, 0, b"\x00\x02")]
+    broker.refused_by(anonymous, "MQTT 3.1 without a client identifier")
 
 
 @pytest.mark.parametrize("slow", [False, True], ids=["silent", "slowloris"])

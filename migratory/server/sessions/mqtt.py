@@ -397,6 +397,14 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             self.token = m.utf8(packet.password, "password") if _is_text(packet.password) else ""
         elif packet.username:
             self.token = packet.username
+        if not self.token and not engine.config.mqtt_allow_anonymous:
+            self._refuse_connect(m.Rc.NOT_AUTHORIZED, "anonymous connections are refused (MqttAllowAnonymous)")
+            return
+        denial = engine.entitlement.authenticate(self.token) if self.token else None
+        if denial is not None:  # a bad credential is refused now, not at the first request
+            code = m.Rc.NOT_AUTHORIZED if denial[0] == "expired" else m.Rc.BAD_USERNAME_PASSWORD
+            self._refuse_connect(code, denial[1])
+            return
         if packet.will is not None:
             try:
                 topic_to_subject(packet.will.topic)
@@ -568,6 +576,13 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 codes.append(m.Rc.SUCCESS if found else m.Rc.NO_SUBSCRIPTION_EXISTED)
             self._queue(m.encode_unsuback(packet.packet_id, codes, self.level))
         elif isinstance(packet, m.Disconnect):
+            expiry = packet.props.get(m.P_SESSION_EXPIRY)
+            if isinstance(expiry, int):  # MQTT 5: the session's expiry, changed as it ends (3.14.2.2.2)
+                flow = self.flow
+                if expiry and (flow is None or not flow.expiry):
+                    raise m.MqttError(m.Rc.PROTOCOL_ERROR, "a session expiry in DISCONNECT after 0 in CONNECT")
+                if flow is not None and flow.since:
+                    flow.expiry = min(expiry, self.engine.config.mqtt_session_expiry)
             if packet.code != 0x04:  # "disconnect with will message": the will is published
                 self.will = None
             self.close("client_disconnected")
