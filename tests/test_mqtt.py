@@ -225,6 +225,87 @@ def test_mqtt_and_native_clients_reach_each_other(
     assert message.properties is not None and message.properties.UserProperty == [("price", "10")]
 
 
+def _props(message: mqtt.MQTTMessage) -> dict[str, Any]:
+    """The forwarded MQTT 5 properties a subscriber got (those paho sets, by name)."""
+    props = message.properties
+    names = ("PayloadFormatIndicator", "ContentType", "ResponseTopic", "CorrelationData", "UserProperty")
+    return {name: getattr(props, name) for name in names if props is not None and hasattr(props, name)}
+
+
+def test_request_and_response_between_mqtt5_clients_and_native_ones(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """MQTT 5 3.3.2.3: Payload Format Indicator, Content Type, Response Topic and Correlation Data reach the
+    subscriber unaltered; a native client reads them as fields (docs/mqtt.md, "Properties") and answers."""
+    srv, port = mqtt_server()
+    requests, answers = Received(), Received()
+    responder = connect(clients, port, "responder", V5, received=requests)
+    subscribe(responder, "service/requests", 1)
+    requester = connect(clients, port, "requester", V5, received=answers)
+    subscribe(requester, "replies/requester", 1)
+    props = Properties(PacketTypes.PUBLISH)
+    props.PayloadFormatIndicator = 1
+    props.ContentType = "application/json"
+    props.ResponseTopic = "replies/requester"
+    props.CorrelationData = b"\x00\xffcall-1"
+    props.UserProperty = [("trace", "t1")]
+    requester.publish("service/requests", b'{"op": "ping"}', qos=1, properties=props).wait_for_publish(5)
+    request = requests.wait(1)[0]
+    assert _props(request) == {
+        "PayloadFormatIndicator": 1,
+        "ContentType": "application/json",
+        "ResponseTopic": "replies/requester",
+        "CorrelationData": b"\x00\xffcall-1",
+        "UserProperty": [("trace", "t1")],
+    }
+    answer = Properties(PacketTypes.PUBLISH)
+    answer.CorrelationData = request.properties.CorrelationData
+    responder.publish(request.properties.ResponseTopic, b"pong", qos=1, properties=answer).wait_for_publish(5)
+    reply = answers.wait(1)[0]
+    assert (reply.payload, _props(reply)) == (b"pong", {"CorrelationData": b"\x00\xffcall-1"})
+
+    async def native_responder() -> dict[str, str]:
+        async with MigratoryClient([srv.ws_url]) as client:
+            await client.subscribe(["/service/native"])
+            requester.publish("service/native", b"hello", qos=1, properties=props).wait_for_publish(5)
+            while True:
+                message = await client.next_message(10)
+                if message.type is MessageType.UPDATE:
+                    break
+            fields = dict(message.fields)
+            subject = "/" + fields["mqtt-response-topic"]
+            reply_fields = {"mqtt-correlation-data": fields["mqtt-correlation-data"], "mqtt-content-type": "text/plain"}
+            await client.publish(subject, b"from native", fields=reply_fields)
+            return fields
+
+    fields = asyncio.run(asyncio.wait_for(native_responder(), 30))
+    assert fields["mqtt-content-type"] == "application/json" and fields["trace"] == "t1"
+    reply = answers.wait(2)[1]
+    assert (reply.payload, _props(reply)) == (
+        b"from native",
+        {"ContentType": "text/plain", "CorrelationData": b"\x00\xffcall-1"},
+    )
+
+
+def test_a_retained_message_keeps_only_its_own_properties(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """The snapshot's fields are a union of its messages': a newer retained message without a Content Type is
+    not given the older one's."""
+    _, port = mqtt_server()
+    pub = connect(clients, port, "retainer", V5)
+    props = Properties(PacketTypes.PUBLISH)
+    props.ContentType = "text/old"
+    pub.publish("kept/props", b"old", qos=1, retain=True, properties=props).wait_for_publish(5)
+    first = Received()
+    subscribe(connect(clients, port, "first", V5, received=first), "kept/props", 1)
+    assert [(m.payload, _props(m)) for m in first.wait(1)] == [(b"old", {"ContentType": "text/old"})]
+    pub.publish("kept/props", b"new", qos=1, retain=True).wait_for_publish(5)
+    later = Received()
+    subscribe(connect(clients, port, "later", V5, received=later), "kept/props", 1)
+    assert [(m.payload, _props(m)) for m in later.wait(1)] == [(b"new", {})]
+
+
 @pytest.mark.parametrize("version", [V311, V5])
 def test_last_will_is_published_when_the_client_vanishes(
     mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client], version: int

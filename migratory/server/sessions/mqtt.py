@@ -24,12 +24,13 @@ import asyncio
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from migratory import mqtt as m
 from migratory import protocol as p
 from migratory.message import Message, QoS
+from migratory.mqttfields import RESERVED, from_fields, to_fields
 from migratory.server.engine.core import Engine, Origin, PublishResult
 from migratory.server.engine.types import Client
 from migratory.server.sessions.base import ConnectionBase
@@ -61,7 +62,7 @@ _NO_LIMITS = (65535, 0)
 TOPIC_ALIAS_MAXIMUM = 32
 """Topic aliases a version 5 client may set on this server (each costs one dict entry)."""
 
-_FRAME_CACHE: list[Any] = [None, None, b"", b"", b"", [], 0]
+_FRAME_CACHE: list[Any] = [None, None, b"", b"", b"", {}, 0]
 """[frame, its Delivery, its topic, its version 5 properties, its QoS 0 PUBLISH (3.1.1), its fields as user
 properties, when it expires (ms, 0: never)]: the frame being fanned out now."""
 
@@ -619,8 +620,9 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             self.engine.deny(self.origin(), "publish", "invalid_subject", exc.reason, "/" + topic)
             self._publish_refused(packet, m.Rc.TOPIC_NAME_INVALID, exc.reason)
             return
-        fields = dict(cast(list[tuple[str, str]], packet.props.get(m.P_USER, [])))
-        fields.pop(EXPIRY_FIELD, None)  # the server's own
+        fields = _user_fields(packet.props)
+        if self.level == 5 or packet.retain:
+            fields.update(to_fields(packet.props, packet.payload, packet.retain))  # forwarded unaltered
         expiry = packet.props.get(m.P_EXPIRY)
         if isinstance(expiry, int):
             # when the message expires, and whose it is (a snapshot's fields are a union: an older message's
@@ -831,9 +833,14 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             assert isinstance(delivery, p.Delivery)
             topic = subject_to_topic(delivery.subject)
             expires = _expires(delivery)
-            users = [(k, v) for k, v in delivery.fields.items() if k != EXPIRY_FIELD]
-            props = m.encode_properties({m.P_USER: users} if users else {})
-            cache[:] = [frame, delivery, topic, props, b"", users, expires]
+            base: m.Properties = {}
+            if delivery.fields:
+                base = from_fields(delivery.fields, delivery.content)
+                users = [(k, v) for k, v in delivery.fields.items() if k != EXPIRY_FIELD and k not in RESERVED]
+                if users:
+                    base[m.P_USER] = users
+            props = m.encode_properties(base)
+            cache[:] = [frame, delivery, topic, props, b"", base, expires]
         delivery = cast(p.Delivery, cache[1])
         topic = cast(str, cache[2])
         expires = cast(int, cache[6])
@@ -846,7 +853,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         if options is None:
             return
         snapshot = delivery.snapshot
-        if snapshot and not delivery.content and not delivery.fields:
+        if snapshot and not delivery.content and not _own_fields(delivery.fields):
             return  # an empty retained message clears the retained message (MQTT): nothing is sent
         if options.no_local and not snapshot and self.flow is not None and self.flow.own:
             mine = (delivery.subject, zlib.crc32(delivery.content))
@@ -863,11 +870,10 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         else:
             props = cast(bytes, cache[3])
             if level == 5 and (options.sub_id or remaining):
-                users = cast(list[tuple[str, str]], cache[5])
                 extra: m.Properties = {m.P_EXPIRY: remaining} if remaining else {}
                 if options.sub_id:
                     extra[m.P_SUBSCRIPTION_ID] = options.sub_id
-                props = m.encode_properties({**extra, **({m.P_USER: users} if users else {})})
+                props = m.encode_properties({**extra, **cast(m.Properties, cache[5])})
             packet_id = self._next_packet_id() if qos else 0
             packet = m.encode_publish(level, topic, delivery.content, qos, retain, delivery.recovered, packet_id, props)
         max_packet = self.limits[1]
@@ -1041,7 +1047,8 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             subject = topic_to_subject(will.topic)
         except TopicError:
             return
-        fields = dict(cast(list[tuple[str, str]], will.props.get(m.P_USER, [])))
+        fields = _user_fields(will.props)
+        fields.update(to_fields(will.props, will.payload, will.retain))
         qos = QoS.GUARANTEED if will.qos else QoS.STANDARD
         self.engine.publish(Message(subject, will.payload, fields, will.retain, qos), self.origin(), _ignore)
 
@@ -1121,6 +1128,20 @@ _CLASSES: dict[str, type[MqttConnection]] = {
 def mqtt_connection(engine: Engine, listener: str, scheme: str) -> MqttConnection:
     """A new MQTT connection of ``scheme`` (mqtt, mqtts, ws-mqtt, wss-mqtt) on ``listener``."""
     return _CLASSES[scheme](engine, listener)
+
+
+def _user_fields(props: m.Properties) -> dict[str, str]:
+    """A publication's user properties as fields, without the names the server gives a meaning to."""
+    fields = dict(cast(list[tuple[str, str]], props.get(m.P_USER, [])))
+    for name in RESERVED.intersection(fields) if fields else ():
+        del fields[name]
+    fields.pop(EXPIRY_FIELD, None)
+    return fields
+
+
+def _own_fields(fields: Mapping[str, str]) -> bool:
+    """Whether a message has fields of its own (not only the server's, which a snapshot's union keeps)."""
+    return any(name != EXPIRY_FIELD and name not in RESERVED for name in fields) if fields else False
 
 
 def _expires(delivery: p.Delivery) -> int:
