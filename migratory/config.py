@@ -584,6 +584,15 @@ class Config:
         "/migratory/stats/node (in a cluster, /migratory/stats/member-N from each member), which any "
         "entitled client may subscribe to and no client may publish on; 0 disables it.",
     )
+    sys_interval: int = key(
+        "SysInterval",
+        10,
+        _int_parser(0, 3600),
+        "Seconds (not milliseconds) between two publications of the node's statistics on the MQTT topics "
+        "$SYS/broker/... under the names Mosquitto uses (clients/connected, messages/received, uptime, "
+        "version...; in a cluster $SYS/broker/member-N/... from each member), retained, read-only for "
+        "clients (docs/mqtt.md); 0 disables them.",
+    )
     stats_log_interval: int = key(
         "Stats.LogInterval",
         60,

@@ -9,9 +9,9 @@ Every MQTT topic has a subject, and back, so native and MQTT clients reach the s
   ``TopicA`` is ``/~/~TopicA``, ``/TopicA`` is ``/~/~/~TopicA``, ``a//b`` is ``/~/~a/~/~b``.
 
 Only the canonical escaped form is a valid subject (migratory/subjects.py), so no two subjects name
-one topic. Topics beginning with ``$`` are the server's: clients cannot publish there, and ``+`` or
-``#`` in the first level never match them, nor the server's own subjects under ``/migratory/``
-(statistics, MQTT session records).
+one topic. Topics beginning with ``$`` are the server's: clients cannot publish there, only
+``$SYS/...`` can be subscribed to (subject ``/$SYS/...``), and ``+`` or ``#`` in the first level never
+match them, nor the server's own subjects under ``/migratory/`` (statistics, MQTT session records).
 
 A filter with wildcards becomes a pattern of topic levels, matched against a subject's topic levels
 (:func:`subject_matches`): ``+`` matches one level (an empty one too), a last ``#`` zero or more
@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 Pattern = tuple[str, ...]
+
+SYS = "$SYS/"
+"""The server's statistics as MQTT topics (``$SYS/broker/...``): clients subscribe, never publish."""
 
 PLAIN_ONLY = "\x01"
 """A pattern's first element when it may match plain subjects only (its escaped form is not entitled)."""
@@ -67,6 +70,10 @@ def topic_to_subject(topic: str) -> str:
         raise TopicError(f"topic name {topic!r} contains a wildcard (+ or #)")
     if topic.startswith("$"):
         raise TopicError(f"topic names beginning with $ are the server's ({topic!r})")
+    return _subject(topic)
+
+
+def _subject(topic: str) -> str:
     if not topic:
         raise TopicError("the topic name is empty")
     levels = topic.split("/")
@@ -189,10 +196,10 @@ def parse_filter(topic_filter: str) -> Filter:
     """Check a filter as MQTT does (non-empty, ``#`` last and alone in its level, ``+`` alone) and map it."""
     if topic_filter.startswith("$share/"):
         raise TopicError("shared subscriptions ($share/...) are not supported")
-    if topic_filter.startswith("$"):
+    if topic_filter.startswith("$") and not topic_filter.startswith(SYS):
         raise TopicError(
-            f"topics beginning with $ are the server's and it publishes none ({topic_filter!r}); "
-            "its statistics are under migratory/stats/"
+            f"of the topics beginning with $, the server publishes $SYS/... only ({topic_filter!r}); "
+            "its statistics are also under migratory/stats/"
         )
     if not topic_filter:
         raise TopicError("the topic filter is empty")
@@ -208,5 +215,5 @@ def parse_filter(topic_filter: str) -> Filter:
         elif "#" in level or "+" in level:
             raise TopicError(f"filter {topic_filter!r}: a wildcard must be a whole level")
     if not wild:
-        return Filter(topic_filter, topic_to_subject(topic_filter), None)
+        return Filter(topic_filter, _subject(topic_filter), None)
     return Filter(topic_filter, None, tuple(levels))

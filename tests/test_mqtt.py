@@ -551,8 +551,63 @@ def test_dollar_topics_and_shared_subscriptions_are_refused_with_a_reason(
 ) -> None:
     _, port = mqtt_server()
     client = connect(clients, port, "odd", V5)
-    codes = [subscribe(client, topic, 1)[0].value for topic in ("$SYS/#", "$share/g/a/b")]
-    assert codes == [0x8F, 0x9E]  # a misplaced # is refused by paho itself; tests/test_mqtt_hostile.py sends one
+    codes = [subscribe(client, topic, 1)[0].value for topic in ("$other/#", "$share/g/a/b", "$SYS/#")]
+    assert codes == [0x8F, 0x9E, 1]  # a misplaced # is refused by paho itself; tests/test_mqtt_hostile.py sends one
+
+
+def test_sys_topics_under_mosquitto_names_read_only(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """$SYS/broker/... every SysInterval seconds, as mosquitto_sub reads them; "#" never brings them; no client
+    writes them (MQTT: PUBACK 0x90; native: DENIED)."""
+    if MOSQUITTO_SUB is None:
+        pytest.skip("Debian's mosquitto-clients is not installed (.ci/deps.sh installs it)")
+    srv, port = mqtt_server({"SysInterval": "1"})
+    everything = Received()
+    subscribe(connect(clients, port, "everything", V5, received=everything), "#", 0)
+    out = subprocess.run(
+        [
+            *(MOSQUITTO_SUB, "-h", "127.0.0.1", "-p", str(port), "-v", "-W", "10", "-C", "7"),
+            *("-t", "$SYS/broker/clients/connected", "-t", "$SYS/broker/version", "-t", "$SYS/broker/load/+/+/1min"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert out.returncode == 0, out.stderr
+    seen = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    loads = {
+        f"$SYS/broker/load/{n}/1min" for n in ("messages/received", "messages/sent", "bytes/received", "bytes/sent")
+    }
+    assert set(seen) == {"$SYS/broker/clients/connected", "$SYS/broker/version"} | loads, seen
+    assert seen["$SYS/broker/version"] == "migratory 0.1.0"
+    got = Received()
+    watcher = connect(clients, port, "sys-watcher", V311, received=got)
+    subscribe(watcher, "$SYS/broker/#", 0)
+    topics = {m.topic: m.payload.decode() for m in got.wait(20)}
+    for name in ("clients/connected", "messages/received", "subscriptions/count", "uptime", "version"):
+        assert f"$SYS/broker/{name}" in topics, sorted(topics)
+    assert int(topics["$SYS/broker/clients/connected"]) >= 2  # "everything" and the watcher at least
+    float(topics["$SYS/broker/load/messages/received/1min"])
+    assert topics["$SYS/broker/uptime"].endswith(" seconds")
+    acks: list[int] = []
+    done = threading.Event()
+    pub = connect(clients, port, "forger", V5)
+
+    def on_publish(_c: mqtt.Client, _u: Any, _mid: int, reason: Any, _props: Any) -> None:
+        acks.append(reason.value)
+        done.set()
+
+    pub.on_publish = on_publish
+    pub.publish("$SYS/broker/version", b"forged", qos=1)
+    assert done.wait(5) and acks == [0x90]
+
+    async def native_forgery() -> Any:
+        async with MigratoryClient([srv.ws_url]) as client:
+            return await client.publish("/$SYS/broker/version", b"forged")
+
+    assert asyncio.run(asyncio.wait_for(native_forgery(), 30)).name == "DENIED"
+    assert not [m.topic for m in everything.items if m.topic.startswith("$")]
 
 
 TOPICS_THAT_ARE_NOT_SUBJECTS = ["TopicA", "/TopicA", "a//b", "a/b/", "/", "sensors", "~/x", "ünï"]

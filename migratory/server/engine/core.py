@@ -449,8 +449,11 @@ class Engine:
             self.deny(origin, "publish", "invalid_subject", reason, message.subject)
             reply(PublishResult(Status.INVALID_SUBJECT, reason, "invalid_subject"))
             return
-        if message.subject.startswith(RESERVED_PREFIX):
-            reason = f"subjects under {RESERVED_PREFIX} are the server's own (monitoring); clients cannot publish there"
+        if message.subject.startswith(RESERVED_PREFIX) or message.subject.startswith("/$"):
+            reason = (
+                f"subjects under {RESERVED_PREFIX} and /$ are the server's own (monitoring, MQTT's $SYS); "
+                "clients cannot publish there"
+            )
             self.deny(origin, "publish", "reserved_subject", reason, message.subject)
             reply(PublishResult(Status.DENIED, reason, "reserved_subject"))
             return

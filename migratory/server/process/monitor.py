@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from migratory import metrics, web
+from migratory import __version__, metrics, web
 from migratory.http import HttpError, json_response, parse_request_head, response
 from migratory.logs import JsonLineWriter
 from migratory.server.node.counters import (
@@ -60,6 +60,8 @@ __all__ = [
 log = logging.getLogger("migratory.server")
 
 META_PREFIX = "/migratory/stats/"
+SYS_PREFIX = "/$SYS/broker/"
+"""The subjects of MQTT's ``$SYS/broker/...`` topics (docs/mqtt.md): no client publishes under ``/$``."""
 
 
 def _process_tree(root: int) -> list[int]:
@@ -114,6 +116,7 @@ class Monitor:
                 config.log_folder, "stats.log", config.log_max_file_size, config.log_max_files
             )
         self._last_save = self._last_log = self._last_push = time.monotonic()
+        self._last_sys = self._last_push
         self.tick()
 
     def own_values(self) -> list[int]:
@@ -142,6 +145,9 @@ class Monitor:
         if config.monitor_push_interval and now - self._last_push >= config.monitor_push_interval:
             self._last_push = now
             self.push()
+        if config.sys_interval and now - self._last_sys >= config.sys_interval:
+            self._last_sys = now
+            self.push_sys()
 
     def save(self) -> None:
         try:
@@ -194,6 +200,46 @@ class Monitor:
         """PUSH monitoring: the statistics as a message any entitled client may subscribe to."""
         body = json.dumps(self.snapshot(), separators=(",", ":")).encode()
         self.engine.publish_internal(self.meta_subject(), body, {"kind": "stats"})
+
+    def sys_prefix(self) -> str:
+        config = self.engine.config
+        return f"{SYS_PREFIX}member-{config.member_index + 1}/" if config.clustered else SYS_PREFIX
+
+    def sys_values(self) -> dict[str, str]:
+        """``$SYS/broker/...`` as Mosquitto names them, from the node's indicators (every client of the node,
+        native and MQTT; the load figures are per minute, averaged over each window, as Mosquitto's)."""
+        totals, _, _ = self.shared.node()
+        report = self.node.report(int(time.time()))
+        values = {
+            "version": f"migratory {__version__}",
+            "uptime": f"{int(time.time() - self.shared.supervisor()[2])} seconds",
+            "clients/connected": totals["connections"],
+            "clients/total": totals["connections"],
+            "clients/maximum": int(cast(dict[str, Any], report["connected_clients"])["windows"]["15m"]["max"]),
+            "messages/received": totals["messages_in"],
+            "messages/sent": totals["messages_out"],
+            "bytes/received": totals["bytes_in"],
+            "bytes/sent": totals["bytes_out"],
+            "subscriptions/count": totals["subscriptions"],
+            "retained messages/count": totals["snapshots"],
+            "publish/messages/dropped": totals["messages_dropped"],
+        }
+        for name, indicator in (
+            ("messages/received", "messages_in_per_second"),
+            ("messages/sent", "messages_out_per_second"),
+            ("bytes/received", "bytes_in_per_second"),
+            ("bytes/sent", "bytes_out_per_second"),
+            ("connections", "connections_per_second"),
+        ):
+            windows = cast(dict[str, Any], report[indicator])["windows"]
+            for window, label in (("1m", "1min"), ("5m", "5min"), ("15m", "15min")):
+                values[f"load/{name}/{label}"] = f"{windows[window]['avg'] * 60:.2f}"
+        return {f"{self.sys_prefix()}{name}": str(value) for name, value in values.items()}
+
+    def push_sys(self) -> None:
+        """The ``$SYS`` topics: one retained message each (a subject's snapshot), no entitlement to write them."""
+        for subject, value in self.sys_values().items():
+            self.engine.publish_internal(subject, value.encode(), {})
 
     def stats(self) -> dict[str, Any]:
         now = int(time.time())
