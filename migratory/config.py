@@ -443,6 +443,16 @@ class Config:
         "cluster, 0 (off) on a node alone; 0 turns it off.",
         shown="auto",
     )
+    drain_time: int = key(
+        "DrainTime",
+        10000,
+        _int_parser(0, 600000),
+        "Milliseconds a stopping server (SIGTERM, migratory drain, systemctl stop) takes at most to move its "
+        "clients away before it stops: it stops accepting, /health answers 503 draining, and its clients are "
+        "told to reconnect elsewhere a few at a time (WebSocket close 1013, MQTT 5 DISCONNECT 0x9C), at "
+        "least 100 a second per worker, so a few clients leave at once. 0 closes every client at once "
+        '(1001, MQTT 5 0x8B) as a crash would (docs/operations.md, "Draining").',
+    )
     handshake_timeout: int = key(
         "HandshakeTimeout",
         10000,

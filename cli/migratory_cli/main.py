@@ -7,7 +7,17 @@ from importlib.metadata import version as distribution_version
 
 import typer
 
-from migratory_cli import bench_cmd, cert_cmd, client_cmds, cluster_cmd, config_cmds, logs_cmd, serve_cmd, status_cmd
+from migratory_cli import (
+    bench_cmd,
+    cert_cmd,
+    client_cmds,
+    cluster_cmd,
+    config_cmds,
+    drain_cmd,
+    logs_cmd,
+    serve_cmd,
+    status_cmd,
+)
 
 app = typer.Typer(
     name="migratory",
@@ -44,6 +54,7 @@ def _root(
 
 app.command("serve")(serve_cmd.serve)
 app.command("status")(status_cmd.status)
+app.command("drain")(drain_cmd.drain)
 app.add_typer(config_cmds.app, name="config")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(cert_cmd.app, name="cert")

@@ -253,7 +253,7 @@ class LocalCluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 member.proc.wait(10)
 
-    def stop(self, index: int, timeout: float = 10.0) -> int | None:
+    def stop(self, index: int, timeout: float = 30.0) -> int | None:
         member = self.members[index]
         if member.proc is None:
             return None

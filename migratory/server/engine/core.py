@@ -81,6 +81,8 @@ KEEPALIVE_FLOOR_MS = 2000  # the shortest keep-alive the server promises (Server
 
 INTERNAL = Origin("127.0.0.1", 0, "server", "internal")
 WORKER_PAUSE = 2.5  # s since the one-second tick after which a worker knows it did not run (and says not ready)
+DRAIN_FLOOR = 100.0  # clients a second a draining worker sends away at least: a few leave at once
+DRAIN_STEP = 0.05  # s between two batches of a drain
 AGENT_SILENCE = 3.5  # s without the agent's ClusterInfo (sent every second) before a member worker stops taking clients
 
 
@@ -176,6 +178,7 @@ class Engine:
         self._tick: asyncio.TimerHandle | None = None
         self._timer_error_logged: dict[str, float] = {}
         self._closed = False
+        self.draining = ""  # why, while the server drains its clients before it stops
         self.on_tick: list[Callable[[], None]] = []
         self.denied_reasons: dict[str, int] = {}
         self._interest_dirty: set[str] = set()
@@ -257,6 +260,31 @@ class Engine:
         for writer in (self.access_log, self.message_log):
             if writer is not None:
                 writer.close()
+
+    async def drain(self, seconds: float) -> None:
+        """Lame duck (docs/operations.md, "Draining"): with the listeners closed, /health says draining and the
+        clients are sent to the other members a few at a time over at most ``seconds`` (never slower than
+        DRAIN_FLOOR a second), so the survivors take them in as a trickle, not a storm."""
+        self.draining = "draining: this server is stopping; its clients are moving to other members"
+        clients = list(self.connections)
+        if not clients or seconds <= 0:
+            return
+        rate = max(len(clients) / seconds, DRAIN_FLOOR)
+        started = self.loop.time()
+        sent = 0
+        log.info("worker %d: draining %d clients over %.1f s at most", self.worker, len(clients), len(clients) / rate)
+        while sent < len(clients):
+            due = min(len(clients), int((self.loop.time() - started) * rate) + 1)
+            for conn in clients[sent:due]:
+                if conn in self.connections:
+                    conn.send_away(self.draining)
+            sent = due
+            self.fanout.flush_dirty()
+            if sent < len(clients):
+                await asyncio.sleep(DRAIN_STEP)
+        deadline = self.loop.time() + 1.0  # their closes written
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
     def send_away(self, reason: str) -> None:
         """The member cannot serve (docs/cluster.md, "An isolated member"): every client is closed with a reason
@@ -820,10 +848,13 @@ class Engine:
 
     @property
     def healthy(self) -> bool:
-        """What /health answers: :attr:`ready`, and in Guaranteed mode a quorum and a place in the table."""
-        return self.ready and (not self.cluster or bool(self.cluster_info.get("healthy", True)))
+        """What /health answers: :attr:`ready`, and in Guaranteed mode a quorum and a place in the table; never
+        while draining (a load balancer takes the server out)."""
+        return self.ready and not self.draining and (not self.cluster or bool(self.cluster_info.get("healthy", True)))
 
     def not_ready_reason(self) -> str:
+        if self.draining:
+            return self.draining
         if self.ready:
             return "" if self.healthy else str(self.cluster_info.get("reason", ""))
         if self.cluster_info.get("isolated"):
@@ -838,7 +869,7 @@ class Engine:
         self.count_replica()  # the monitor's copy is up to a second old; a probe right after a sync must see it
         healthy = self.healthy
         document: dict[str, Any] = {
-            "status": "ok" if healthy else "syncing",
+            "status": "ok" if healthy else "draining" if self.draining else "syncing",
             "ready": healthy,
             "epoch": self.epoch,
             "worker": self.worker,
@@ -848,6 +879,6 @@ class Engine:
         }
         if self.cluster:
             document["cluster"] = self.cluster_info
-            if not healthy:
-                document["reason"] = self.not_ready_reason()
+        if not healthy and (self.cluster or self.draining):
+            document["reason"] = self.not_ready_reason()
         return document

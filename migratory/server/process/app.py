@@ -255,6 +255,13 @@ async def serve(
         extra={"data": {"worker": worker, "epoch": epoch}},
     )
     await stop.wait()
+    if config.drain_time:
+        # lame duck: no new client, /health 503 (the monitor listeners stay open to say it), the clients moved
+        # away a few at a time; then the rest as without a drain
+        for (_, _, scheme), server in zip(sockets, servers, strict=True):
+            if scheme not in ("monitor", "monitor-tls"):
+                server.close()
+        await engine.drain(config.drain_time / 1000.0)
     for server in servers:
         server.close()
     monitor.close()
@@ -578,9 +585,17 @@ def _supervise(
                     config = reload.merged(config, Config.from_file(config_path))[0]
             if tls is not None:
                 _reload_certificate(tls, config)
-        for pid in list(children):
+        for pid, index in list(children.items()):
+            if signum != signal.SIGHUP and index >= workers and config.drain_time:
+                continue  # the member agent stops after the workers drained: the cluster serves their clients
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM if signum != signal.SIGHUP else signal.SIGHUP)
+
+    def stop_agent_after_workers() -> None:
+        if all(index >= workers for index in children.values()):
+            for pid in list(children):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
 
     def stop_all(reason: str, code: int) -> int:
         nonlocal stopping
@@ -610,7 +625,10 @@ def _supervise(
         except ChildProcessError:
             break
         index = children.pop(pid, -1)
-        if index < 0 or stopping:
+        if stopping:
+            stop_agent_after_workers()
+            continue
+        if index < 0:
             continue
         code = os.waitstatus_to_exitcode(status)
         role = role_name(index, workers)
