@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from migratory.topics import subject_matches
+from migratory.topics import subject_matches, topic_levels
 
 __all__ = [
     "PatternIndex",
@@ -178,7 +178,8 @@ class PatternIndex(Generic[S]):
     def match(self, subject: str) -> set[S]:
         """The subscribers of every pattern ``subject`` matches (each once)."""
         found: set[S] = set()
+        levels = topic_levels(subject)  # once, for every pattern
         for pattern, members in self._patterns.values():
-            if subject_matches(pattern, subject):
+            if subject_matches(pattern, subject, levels):
                 found |= members
         return found

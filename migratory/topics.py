@@ -113,9 +113,10 @@ def pattern_matches(pattern: Pattern, levels: list[str]) -> bool:
     return len(levels) == len(pattern)
 
 
-def subject_matches(pattern: Pattern, subject: str) -> bool:
+def subject_matches(pattern: Pattern, subject: str, levels: list[str] | None = None) -> bool:
     """Whether ``subject`` is one the MQTT ``pattern`` delivers: its topic matches, it is in a form the pattern
-    is entitled to, and a first-level wildcard never reaches the server's own subjects."""
+    is entitled to, and a first-level wildcard never reaches the server's own subjects. ``levels``: the
+    subject's :func:`topic_levels`, when a caller tries many patterns on one subject."""
     first = pattern[0]
     if first in (PLAIN_ONLY, ESCAPED_ONLY):
         if subject.startswith("/" + ESCAPE + "/") != (first == ESCAPED_ONLY):
@@ -124,7 +125,7 @@ def subject_matches(pattern: Pattern, subject: str) -> bool:
         first = pattern[0]
     if first in ("+", "#", "**") and subject.startswith(RESERVED_PREFIX):
         return False
-    return pattern_matches(pattern, topic_levels(subject))
+    return pattern_matches(pattern, topic_levels(subject) if levels is None else levels)
 
 
 def _entitlement_level(level: str) -> str:

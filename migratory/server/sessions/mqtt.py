@@ -36,7 +36,15 @@ from migratory.server.engine.types import Client
 from migratory.server.sessions.base import ConnectionBase
 from migratory.server.sessions.mqttstore import Record, SessionStore
 from migratory.subscriptions import SubjectSet
-from migratory.topics import Filter, TopicError, parse_filter, subject_matches, subject_to_topic, topic_to_subject
+from migratory.topics import (
+    Filter,
+    TopicError,
+    parse_filter,
+    subject_matches,
+    subject_to_topic,
+    topic_levels,
+    topic_to_subject,
+)
 from migratory.websocket import (
     CLOSE_NORMAL,
     OP_BINARY,
@@ -500,7 +508,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         flow = self.flow
         if flow is None or not flow.since or not flow.expiry:
             return None
-        subs = [(_filter_text(o.filter), o.qos, o.sub_id, o.rap) for o in self._all_options().values()]
+        subs = [(o.filter.text, o.qos, o.sub_id, o.rap) for o in self._all_options().values()]
         return Record(self.owner, flow.since, not closed, flow.expiry, time.time(), subs, dict(flow.positions))
 
     def _resume(self, record: Record) -> None:
@@ -933,9 +941,10 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         if found is not None:
             return found
         best: _SubOptions | None = None
+        levels = topic_levels(subject)  # once, for every pattern
         for key, candidate in options.items():
             pattern = candidate.filter.pattern
-            matched = key[0] == "\x00" and pattern is not None and subject_matches(pattern, subject)
+            matched = key[0] == "\x00" and pattern is not None and subject_matches(pattern, subject, levels)
             if matched and (best is None or candidate.qos > best.qos):
                 best = candidate
         return best
@@ -1170,11 +1179,6 @@ def _is_text(raw: bytes) -> bool:
 def _dup(packet: bytes) -> bytes:
     """The same PUBLISH with the DUP flag: what is resent if the client comes back without acknowledging it."""
     return bytes((packet[0] | 0x08,)) + packet[1:]
-
-
-def _filter_text(filt: Filter) -> str:
-    """A subscription's filter as the client wrote it (what a stored session keeps, and entitles again)."""
-    return filt.text
 
 
 def _entitled(filt: Filter, check: Callable[[str], Any]) -> tuple[Filter, Any]:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from migratory.message import QoS
 from migratory.server.engine.core import Engine
 from migratory.server.engine.types import PRIVATE_PREFIX
-from migratory.topics import Pattern, TopicError, parse_filter, subject_matches, subject_to_topic
+from migratory.topics import Pattern, TopicError, parse_filter, subject_matches, subject_to_topic, topic_levels
 
 __all__ = ["PREFIX", "Record", "SessionStore", "Wanted", "record_subject"]
 
@@ -217,7 +217,8 @@ class Wanted:
             return True
         if not self.patterns or subject.startswith(PREFIX):
             return False
-        return any(subject_matches(pattern, subject) for pattern in self.patterns.values())
+        levels = topic_levels(subject)
+        return any(subject_matches(pattern, subject, levels) for pattern in self.patterns.values())
 
 
 class Holder(Protocol):
