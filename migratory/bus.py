@@ -146,7 +146,7 @@ class Published:
     publish_id: str = ""
 
     def entry(self) -> Entry:
-        return Entry(self.epoch, self.seq, self.content, self.fields, self.retained, self.publish_id)
+        return Entry(self.epoch, self.seq, self.content, self.fields, self.retained, self.publish_id, self.guaranteed)
 
     @classmethod
     def of(cls, subject: str, entry: Entry, guaranteed: bool = False) -> Published:
@@ -343,7 +343,7 @@ def _pairs(values: tuple[tuple[int, int], ...]) -> bytes:
 def _entry(entry: Entry) -> bytes:
     return b"".join(
         (
-            bytes((entry.retained,)),
+            bytes((entry.retained | entry.guaranteed << 1,)),
             _Q.pack(entry.epoch),
             _Q.pack(entry.seq),
             _s(entry.publish_id),
@@ -403,7 +403,14 @@ def _encode_body(frame: BusFrame) -> bytes:
         state = frame.state
         snap = state.snapshot
         parts = [
-            _head(Kind.SYNC, (snap is not None) | frame.more << 1 | bool(state.ids) << 2 | bool(frame.held) << 3),
+            _head(
+                Kind.SYNC,
+                (snap is not None)
+                | frame.more << 1
+                | bool(state.ids) << 2
+                | bool(frame.held) << 3
+                | bool(snap is not None and snap.guaranteed) << 4,
+            ),
             _s(state.subject),
             _Q.pack(state.epoch),
             _Q.pack(state.seq),
@@ -542,7 +549,8 @@ class _Cursor:
                 fields, pos = _fields_at(data, pos)
                 (k,) = unpack(data, pos)
                 pos += 4
-                out.append(Entry(epoch, seq, data[pos : pos + k], fields, bool(retained), publish_id))
+                content = data[pos : pos + k]
+                out.append(Entry(epoch, seq, content, fields, bool(retained & 1), publish_id, bool(retained & 2)))
                 pos += k
         self.pos = pos
         return tuple(out)
@@ -703,7 +711,7 @@ def decode(body: bytes) -> BusFrame:
             snap_seq = c.u64()
             snap_epoch = c.u64()
             snap_fields = c.mapping()
-            snapshot = Snapshot(subject, c.raw(), snap_fields, snap_seq, snap_epoch)
+            snapshot = Snapshot(subject, c.raw(), snap_fields, snap_seq, snap_epoch, bool(flag & 16))
         entries = c.entries()
         ids: tuple[tuple[str, int, int], ...] = ()
         if flag & 4:

@@ -1100,6 +1100,7 @@ class Member:
             frame.fields,
             frame.retained,
             frame.publish_id,
+            frame.guaranteed,
         )
         self.replica.apply(subject, entry, now)
         published = Published.of(subject, entry, frame.guaranteed)

@@ -67,3 +67,4 @@ class Snapshot:
     fields: Mapping[str, str]
     seq: int
     epoch: int
+    guaranteed: bool = False  # its latest message's QoS: an MQTT retained message keeps the QoS it was published with

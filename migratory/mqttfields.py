@@ -15,6 +15,9 @@ message without a property is not given an older one's, an MQTT publication also
 ``mqtt-properties`` = ``<crc32 of the content>:<the names it set>``; where it names another content,
 none of these fields is this message's. A native publication without that field has the ones it
 sets.
+
+A QoS 2 publication also writes ``mqtt-qos`` = ``2``, named by the guard, so that its subscribers
+granted QoS 2 get it at QoS 2 (the message's Guaranteed flag says only QoS 0 or more than 0).
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from collections.abc import Mapping
 
 from migratory import mqtt as m
 
-__all__ = ["GUARD", "RESERVED", "from_fields", "to_fields"]
+__all__ = ["GUARD", "QOS_FIELD", "RESERVED", "from_fields", "published_qos", "to_fields"]
 
 GUARD = "mqtt-properties"
+QOS_FIELD = "mqtt-qos"
 _NAMES = {
     m.P_FORMAT: "mqtt-payload-format",
     m.P_CONTENT_TYPE: "mqtt-content-type",
@@ -36,12 +40,13 @@ _NAMES = {
     m.P_CORRELATION: "mqtt-correlation-data",
 }
 _IDS = {name: pid for pid, name in _NAMES.items()}
-RESERVED = frozenset((*_NAMES.values(), GUARD))
+RESERVED = frozenset((*_NAMES.values(), GUARD, QOS_FIELD))
 """Field names a client's user properties cannot set (they would pass for the properties above)."""
 
 
-def to_fields(props: m.Properties, content: bytes, retained: bool) -> dict[str, str]:
-    """The fields of a PUBLISH's (or will's) forwarded properties; a retained one's guard even with none."""
+def to_fields(props: m.Properties, content: bytes, retained: bool, qos: int = 0) -> dict[str, str]:
+    """The fields of a PUBLISH's (or will's) forwarded properties and QoS 2; a retained one's guard even with
+    none."""
     fields: dict[str, str] = {}
     for pid, name in _NAMES.items():
         value = props.get(pid)
@@ -51,9 +56,24 @@ def to_fields(props: m.Properties, content: bytes, retained: bool) -> dict[str, 
             fields[name] = base64.b64encode(value).decode("ascii")
         else:
             fields[name] = str(value)
+    if qos == 2:
+        fields[QOS_FIELD] = "2"
     if fields or (retained and content):  # (an empty retained message clears the retained one: no guard needed)
         fields[GUARD] = f"{zlib.crc32(content)}:{','.join(fields)}"
     return fields
+
+
+def published_qos(fields: Mapping[str, str], content: bytes, guaranteed: bool) -> int:
+    """The QoS a message was published with: 0 unless Guaranteed; 2 where its own guard says so; else 1
+    (a native Guaranteed publication is QoS 1 to MQTT subscribers)."""
+    if not guaranteed:
+        return 0
+    guard = fields.get(GUARD)
+    if guard is None or fields.get(QOS_FIELD) != "2":
+        return 1
+    crc, _, listed = guard.partition(":")
+    own = crc.isdigit() and int(crc) == zlib.crc32(content) and QOS_FIELD in listed.split(",")
+    return 2 if own else 1
 
 
 def from_fields(fields: Mapping[str, str], content: bytes) -> m.Properties:

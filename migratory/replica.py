@@ -66,6 +66,7 @@ class Entry:
     fields: Mapping[str, str] = field(default_factory=dict)
     retained: bool = True
     publish_id: str = ""
+    guaranteed: bool = False  # published Guaranteed (an MQTT subscriber gets it at QoS 1 or 2, not 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +121,9 @@ IDS_PER_SUBJECT = 1000
 MAX_RECENT_IDS = 100_000
 
 
-_Row = tuple[float, int, int, bytes, tuple[str, ...], bool, str]
+_Row = tuple[float, int, int, bytes, tuple[str, ...], bool, str, bool]
 """A cached message: (cached at, epoch, seq, content, fields as name, value, name, ..., retained, publish
-id). Plain tuples
+id, guaranteed). Plain tuples
 of atoms, not the :class:`Entry` it came from: the collector stops tracking such a tuple at its first
 collections, while an Entry, a dict (even an empty one) and a tuple holding either stay tracked for as
 long as they are cached. A
@@ -133,12 +134,12 @@ cycle. An Entry is made again only for what a recovery or a sync sends."""
 
 def _row(now: float, entry: Entry) -> _Row:
     fields = tuple(itertools.chain.from_iterable(entry.fields.items())) if entry.fields else ()
-    return (now, entry.epoch, entry.seq, entry.content, fields, entry.retained, entry.publish_id)
+    return (now, entry.epoch, entry.seq, entry.content, fields, entry.retained, entry.publish_id, entry.guaranteed)
 
 
 def _entry(row: _Row) -> Entry:
     fields = row[4]
-    return Entry(row[1], row[2], row[3], dict(zip(fields[::2], fields[1::2], strict=True)), row[5], row[6])
+    return Entry(row[1], row[2], row[3], dict(zip(fields[::2], fields[1::2], strict=True)), row[5], row[6], row[7])
 
 
 class _State:
@@ -330,7 +331,7 @@ class Replica:
             if previous is None:
                 self._snapshots += 1
             fields = entry.fields if previous is None else merge_fields(previous.fields, entry.fields)
-            state.snapshot = Snapshot(subject, entry.content, dict(fields), entry.seq, entry.epoch)
+            state.snapshot = Snapshot(subject, entry.content, dict(fields), entry.seq, entry.epoch, entry.guaranteed)
         size = self.cache_size or (self.keep_size if self._kept and subject in self._kept else 0)
         if size:
             cache = state.cache

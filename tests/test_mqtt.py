@@ -971,3 +971,109 @@ def test_no_local_and_the_will_delay(
     sock.close()
     message = watched.wait(1, timeout=10)[0]
     assert message.payload == b"bye" and time.monotonic() - vanished >= 1.5
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_the_delivered_qos_is_the_lower_of_the_published_and_the_granted_one(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client], version: int
+) -> None:
+    """Live, retained and queued for a session away: each message at min(published, granted), DUP clear on
+    its first delivery (issue 49, "QoS and DUP wrong on delivery")."""
+    _, port = mqtt_server()
+    pub = connect(clients, port, "qos-pub", version)
+    for published in (0, 1, 2):  # retained first, read by the subscriptions below
+        pub.publish(f"qos/retained/{published}", f"r{published}".encode(), qos=published, retain=True).wait_for_publish(
+            5
+        )
+    props = None
+    if version == V5:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 600
+    got = Received()
+    sub = connect(clients, port, "qos-sub", version, clean=False, received=got, properties=props)
+    for granted in (0, 1, 2):
+        assert [c.value for c in subscribe(sub, f"qos/live/{granted}/+", granted)] == [granted]
+    assert [c.value for c in subscribe(sub, "qos/retained/+", 2)] == [2]
+    retained = {m.topic: (m.qos, m.retain, m.dup) for m in got.wait(3)}
+    assert retained == {f"qos/retained/{q}": (q, True, False) for q in (0, 1, 2)}, retained
+    for granted in (0, 1, 2):
+        for published in (0, 1, 2):
+            pub.publish(f"qos/live/{granted}/{published}", b"live", qos=published).wait_for_publish(5)
+    live = {m.topic: (m.qos, m.dup) for m in got.wait(12)[3:]}
+    expected = {f"qos/live/{g}/{q}": (min(g, q), False) for g in (0, 1, 2) for q in (0, 1, 2)}
+    assert live == expected, live
+    sub.disconnect()
+    sub.loop_stop()
+    clients.remove(sub)
+    for published in (0, 1, 2):  # queued for the session while it is away
+        pub.publish(f"qos/live/2/{published}", b"queued", qos=published).wait_for_publish(5)
+    queued = Received()
+    sub = connect(clients, port, "qos-sub", version, clean=False, received=queued, properties=props)
+    queued.wait(3)
+    time.sleep(0.3)  # and nothing more
+    sent = [(m.topic, m.payload, m.qos, m.dup) for m in queued.wait(3)]
+    assert sorted(sent) == [(f"qos/live/2/{q}", b"queued", q, False) for q in (0, 1, 2)], queued.items
+
+
+def _send_ack(sock: Any, kind: int, packet_id: int) -> None:
+    import struct
+
+    sock.sendall(bytes(((kind << 4) | (0x02 if kind == 6 else 0), 2)) + struct.pack("!H", packet_id))
+
+
+def _publish_id(body: bytes) -> tuple[str, int, bytes]:
+    import struct
+
+    (n,) = struct.unpack("!H", body[:2])
+    return body[2 : 2 + n].decode(), struct.unpack("!H", body[2 + n : 4 + n])[0], body[4 + n :]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_qos2_to_a_stored_session_is_delivered_exactly_once_across_its_reconnections(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client], workers: str
+) -> None:
+    """PUBLISH (QoS 2) unanswered comes back under the same packet id with DUP; once PUBREC came, only the
+    PUBREL comes back, on whichever worker the session returns to; after PUBCOMP, nothing."""
+    import socket
+
+    _, port = mqtt_server({"Workers": workers})
+    sub = _raw_connect(port, "exactly-once")
+    assert _read_packet(sub) == (0x20, b"\x00\x00")
+    sub.sendall(b"\x82\x0c\x00\x01\x00\x07q/twice\x02")  # SUBSCRIBE q/twice QoS 2
+    assert _read_packet(sub) == (0x90, b"\x00\x01\x02")  # granted QoS 2
+    pub = connect(clients, port, "twice-pub", V5)
+    pub.publish("q/twice", b"one", qos=2).wait_for_publish(5)
+    kind, body = _read_packet(sub)
+    topic, packet_id, payload = _publish_id(body)
+    assert (kind, topic, payload) == (0x34, "q/twice", b"one")  # QoS 2, DUP clear
+    sub.close()  # no PUBREC
+    time.sleep(0.3)
+    sub = _raw_connect(port, "exactly-once")
+    assert _read_packet(sub) == (0x20, b"\x01\x00")
+    kind, again = _read_packet(sub)
+    assert (kind, again) == (0x3C, body)  # the same packet id, with DUP
+    _send_ack(sub, 5, packet_id)  # PUBREC
+    assert _read_packet(sub) == (0x62, body[len(body) - len(payload) - 2 : len(body) - len(payload)])  # PUBREL
+    sub.close()  # no PUBCOMP
+    time.sleep(0.3)
+    sub = _raw_connect(port, "exactly-once")
+    assert _read_packet(sub) == (0x20, b"\x01\x00")
+    rel = _read_packet(sub)
+    assert rel[0] == 0x62 and rel[1] == packet_id.to_bytes(2, "big")  # only the PUBREL, not the message again
+    _send_ack(sub, 7, packet_id)  # PUBCOMP
+    pub.publish("q/twice", b"two", qos=2).wait_for_publish(5)
+    kind, body = _read_packet(sub)
+    topic, second_id, payload = _publish_id(body)
+    assert (kind, payload) == (0x34, b"two")
+    _send_ack(sub, 5, second_id)
+    assert _read_packet(sub) == (0x62, second_id.to_bytes(2, "big"))
+    _send_ack(sub, 7, second_id)
+    time.sleep(0.3)
+    sub.close()
+    time.sleep(0.3)
+    sub = _raw_connect(port, "exactly-once")
+    assert _read_packet(sub) == (0x20, b"\x01\x00")
+    sub.settimeout(1.0)
+    with pytest.raises(socket.timeout):
+        print(_read_packet(sub))  # nothing owed
+    sub.close()

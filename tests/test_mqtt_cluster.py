@@ -1,11 +1,12 @@
-"""MQTT QoS 1 through a member's death, with paho (a client nobody here wrote).
+"""MQTT QoS 1 and 2 through a member's death, with paho (a client nobody here wrote).
 
 A persistent session (clean session 0, and MQTT 5 with a session expiry) subscribes on one
 member of a three-member Guaranteed cluster; a publisher on another member publishes QoS 1
 without pause; the subscriber's member is SIGKILLed; later the subscriber comes back with the
 same client id on the third member and must get every acknowledged publication, in order,
-with redeliveries flagged DUP (docs/mqtt.md, "Sessions"). The same holds in a Standard cluster,
-whose members cache what stored sessions want although they cache nothing for native clients.
+with redeliveries flagged DUP (docs/mqtt.md, "Sessions"); at QoS 2, every one exactly once. The same
+holds in a Standard cluster, whose members cache what stored sessions want although they cache
+nothing for native clients.
 """
 
 from __future__ import annotations
@@ -64,13 +65,19 @@ class Subscriber:
 
 
 @pytest.mark.parametrize(
-    ("version", "mode"),
-    [(mqtt.MQTTv311, "Guaranteed"), (mqtt.MQTTv5, "Guaranteed"), (mqtt.MQTTv5, "Standard")],
+    ("version", "mode", "qos"),
+    [
+        (mqtt.MQTTv311, "Guaranteed", 1),
+        (mqtt.MQTTv5, "Guaranteed", 1),
+        (mqtt.MQTTv5, "Standard", 1),
+        (mqtt.MQTTv311, "Guaranteed", 2),
+    ],
 )
-def test_a_persistent_session_gets_every_qos1_message_after_its_member_is_killed(
-    tmp_path: Path, version: int, mode: str
+def test_a_persistent_session_gets_every_message_after_its_member_is_killed(
+    tmp_path: Path, version: int, mode: str, qos: int
 ) -> None:
-    base = {(mqtt.MQTTv311, "Guaranteed"): 51, (mqtt.MQTTv5, "Guaranteed"): 54}.get((version, mode), 57)
+    base = {(mqtt.MQTTv311, "Guaranteed", 1): 51, (mqtt.MQTTv5, "Guaranteed", 1): 54, (mqtt.MQTTv5, "Standard", 1): 57}
+    base = base.get((version, mode, qos), 60)
     with LocalCluster(tmp_path, 3, mode=mode, base=base) as cluster:
         ports = {}
         for member in cluster.members:
@@ -83,7 +90,7 @@ def test_a_persistent_session_gets_every_qos1_message_after_its_member_is_killed
         assert sub.client is not None
         subscribed = threading.Event()
         sub.client.on_subscribe = lambda *_: subscribed.set()
-        sub.client.subscribe("orders/eu", qos=1)
+        sub.client.subscribe("orders/eu", qos=qos)
         assert subscribed.wait(10)
         pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="publisher", protocol=version)
         pub.connect(cluster[1].host, ports[1])
@@ -91,7 +98,7 @@ def test_a_persistent_session_gets_every_qos1_message_after_its_member_is_killed
         acknowledged = []
         try:
             for n in range(1, 301):
-                info = pub.publish("orders/eu", str(n).encode(), qos=1)
+                info = pub.publish("orders/eu", str(n).encode(), qos=qos)
                 info.wait_for_publish(10)
                 assert info.is_published(), f"publication {n} not acknowledged"
                 acknowledged.append(n)
@@ -112,6 +119,8 @@ def test_a_persistent_session_gets_every_qos1_message_after_its_member_is_killed
         assert sorted(set(acknowledged) - set(numbers)) == [], "acknowledged messages lost"
         first_seen = list(dict.fromkeys(numbers))
         assert first_seen == sorted(first_seen), "out of order"
+        if qos == 2:
+            assert numbers == sorted(set(numbers)), "QoS 2: a message delivered twice"
         with sub.lock:
             seen: set[int] = set()
             for number, dup in sub.got:

@@ -421,6 +421,7 @@ class Engine:
                 snapshot.seq,
                 snapshot.epoch,
                 snapshot=True,
+                guaranteed=snapshot.guaranteed,
             ),
         )
         self._snapshot_frames[subject] = (snapshot.seq, frame)
@@ -579,9 +580,10 @@ class Engine:
     def sequence(self, message: Message, origin: Mapping[str, str], start: int) -> PublishResult:
         """Coordinating worker: number, snapshot, deliver here, broadcast to the other workers, log."""
         subject = message.subject
-        entry = Entry(self.epoch, self.replica.next_seq(subject), message.content, message.fields, message.retained)
-        self.replica.apply(subject, entry, self.loop.time())
         guaranteed = message.qos == QoS.GUARANTEED
+        seq = self.replica.next_seq(subject)
+        entry = Entry(self.epoch, seq, message.content, message.fields, message.retained, "", guaranteed)
+        self.replica.apply(subject, entry, self.loop.time())
         recipients, frame_size = self.deliver(subject, entry, guaranteed)
         if self.bus is not None:
             self.bus.broadcast(Published.of(subject, entry, guaranteed))
@@ -780,7 +782,16 @@ class Engine:
         frames = [
             build_frame(
                 OP_BINARY,
-                encode_delivery(subject, e.content, e.fields, e.seq, e.epoch, retained=e.retained, recovered=True),
+                encode_delivery(
+                    subject,
+                    e.content,
+                    e.fields,
+                    e.seq,
+                    e.epoch,
+                    retained=e.retained,
+                    guaranteed=e.guaranteed,
+                    recovered=True,
+                ),
             )
             for e in recovery.entries
         ]

@@ -30,7 +30,7 @@ from typing import Any, cast
 from migratory import mqtt as m
 from migratory import protocol as p
 from migratory.message import Message, QoS
-from migratory.mqttfields import RESERVED, from_fields, to_fields
+from migratory.mqttfields import RESERVED, from_fields, published_qos, to_fields
 from migratory.server.engine.core import Engine, Origin, PublishResult
 from migratory.server.engine.types import Client
 from migratory.server.sessions.base import ConnectionBase
@@ -67,12 +67,16 @@ _CLOSED = 3
 
 _NO_LIMITS = (65535, 0)
 
+RECORDED_QOS1 = 1000
+"""QoS 1 messages in flight a session record lists, with their packet ids (resent under them when the session
+resumes elsewhere; beyond, under new ones). Every QoS 2 one is listed: exactly once depends on it."""
+
 TOPIC_ALIAS_MAXIMUM = 32
 """Topic aliases a version 5 client may set on this server (each costs one dict entry)."""
 
-_FRAME_CACHE: list[Any] = [None, None, b"", b"", b"", {}, 0]
+_FRAME_CACHE: list[Any] = [None, None, b"", b"", b"", {}, 0, 0]
 """[frame, its Delivery, its topic, its version 5 properties, its QoS 0 PUBLISH (3.1.1), its fields as user
-properties, when it expires (ms, 0: never)]: the frame being fanned out now."""
+properties, when it expires (ms, 0: never), the QoS it was published with]: the frame being fanned out now."""
 
 EXPIRY_FIELD = "mqtt-expiry"
 """The field carrying an MQTT 5 message expiry: ``<unix ms>:<crc32 of the content>`` (docs/mqtt.md)."""
@@ -117,6 +121,15 @@ class _SubOptions:
         return found
 
 
+_Sent = tuple[bytes, str, int, int]
+"""An unacknowledged delivery: (the packet sent again on reconnection, subject, epoch, seq)."""
+
+
+def _qos_of(packet: bytes) -> int:
+    """0, 1 or 2 for a PUBLISH; 3 for a PUBREL (the second half of a QoS 2 delivery)."""
+    return (packet[0] >> 1) & 0x03 if packet[0] >> 4 == m.PUBLISH else 3
+
+
 class _Flow:
     """The per-client state of QoS 1 and 2 and of version 5 extras, created on first use (idle clients have none)."""
 
@@ -125,18 +138,29 @@ class _Flow:
         "aliases",
         "awaiting_rel",
         "expiry",
+        "held",
         "inflight",
         "next_id",
         "own",
         "positions",
         "queue",
+        "resend",
         "since",
+        "unsure",
     )
 
     def __init__(self) -> None:
-        # packet id -> (the PUBLISH as resent, with DUP; its subject, epoch and seq), awaiting PUBACK
-        self.inflight: dict[int, tuple[bytes, str, int, int]] = {}
-        # QoS 1 deliveries beyond the client's receive maximum: (packet id, PUBLISH, subject, epoch, seq)
+        # packet id -> (the PUBLISH as resent, with DUP, or for QoS 2 once PUBREC came, the PUBREL; its subject,
+        # epoch and seq), awaiting PUBACK or PUBCOMP
+        self.inflight: dict[int, _Sent] = {}
+        # output waiting for the session record that names it to be stored (QoS 2 to a stored session, and what
+        # follows it): (packet id, packet, the inflight entry it belongs to or None)
+        self.held: list[tuple[int, bytes, _Sent | None]] = []
+        # a resumed session's messages sent before and not acknowledged: (subject, epoch, seq) -> (their packet
+        # id, their QoS), sent again under the same packet id with DUP [MQTT-4.4.0-1]
+        self.resend: dict[tuple[str, int, int], tuple[int, int]] = {}
+        self.unsure = False  # while a session resumes from a record its connection did not write last
+        # QoS 1 and 2 deliveries beyond the client's receive maximum: (packet id, PUBLISH, subject, epoch, seq)
         self.queue: deque[tuple[int, bytes, str, int, int]] = deque()
         self.next_id = 0
         self.acks: deque[list[Any]] = deque()  # [packet id, kind, reason code or None while unanswered]
@@ -148,7 +172,7 @@ class _Flow:
         # a session kept beyond its connection (clean session 0, or a session expiry interval)
         self.expiry = 0  # seconds it outlives the connection
         self.since = 0.0  # when this connection took it (wall clock)
-        self.positions: dict[str, tuple[int, int]] = {}  # subject -> the last QoS 1 message acknowledged
+        self.positions: dict[str, tuple[int, int]] = {}  # subject -> the last QoS 1 or 2 message acknowledged
 
 
 class MqttConnection(ConnectionBase, asyncio.Protocol):
@@ -433,7 +457,8 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         expiry = min(expiry, engine.config.mqtt_session_expiry)
         store = SessionStore.of(engine)
         record = None
-        unacked: dict[int, tuple[bytes, str, int, int]] = {}
+        unacked: dict[int, _Sent] = {}
+        unsure = False
         self.started = engine.loop.time()  # from now on: when it took its client id (see since)
         if packet.clean:
             store.forget(self)
@@ -441,12 +466,18 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             local = store.live.get(client_id)  # taken over on this worker: its state is newer than its record
             record = local.record() if local is not None else None
             if isinstance(local, MqttConnection) and local.flow is not None:
-                # what no cache holds: its unacknowledged QoS 1 messages move to this connection, to be sent again
-                # with DUP set; the others are recovered from the cache
+                # what no cache holds, and the PUBRELs it is owed, move to this connection, to be sent again (a
+                # PUBLISH with DUP set); the others are recovered from the cache (QoS 2 under the same packet ids)
                 holds = engine.replica.holds
-                unacked = {i: sent for i, sent in local.flow.inflight.items() if not holds(*sent[1:])}
+                unacked = {
+                    i: sent for i, sent in local.flow.inflight.items() if _qos_of(sent[0]) == 3 or not holds(*sent[1:])
+                }
                 unacked.update((q[0], (_dup(q[1]), q[2], q[3], q[4])) for q in local.flow.queue if not holds(*q[2:]))
-            record = record or store.load(client_id)
+            if record is None:
+                record = store.load(client_id)
+                # its connection ended without writing it (a member's death, a takeover from afar): what was
+                # sent since its last write is unknown, so every message recovered is flagged DUP
+                unsure = record is not None and record.open
             if record is not None and record.expired(time.time()):
                 record = None
         engine.stats.connections += 1
@@ -476,7 +507,9 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 for packet_id, sent in unacked.items():  # first: older than anything recovered, ids kept
                     flow.inflight[packet_id] = sent
                     self._queue(sent[0])
+                flow.unsure = unsure
                 self._resume(record)
+                flow.unsure = False
             store.claim(self)
         else:
             store.register(self, announce=not assigned)  # an id the server assigned is nobody else's
@@ -509,13 +542,51 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         if flow is None or not flow.since or not flow.expiry:
             return None
         subs = [(o.filter.text, o.qos, o.sub_id, o.rap) for o in self._all_options().values()]
-        return Record(self.owner, flow.since, not closed, flow.expiry, time.time(), subs, dict(flow.positions))
+        sent: list[tuple[int, str, int, int, int]] = []
+        qos1 = 0
+        for packet_id, (packet, subject, epoch, seq) in flow.inflight.items():
+            kind = _qos_of(packet)
+            if kind == 1:
+                qos1 += 1
+                if qos1 > RECORDED_QOS1:
+                    continue
+            sent.append((packet_id, subject, epoch, seq, kind))
+        return Record(self.owner, flow.since, not closed, flow.expiry, time.time(), subs, dict(flow.positions), sent)
+
+    def written(self) -> Callable[[PublishResult], None] | None:
+        """What to do once the record being written now is stored: send what waited for it (:attr:`_Flow.held`)."""
+        flow = self.flow
+        if flow is None or not flow.held:
+            return None
+        held, flow.held = flow.held, []
+
+        def stored(result: PublishResult) -> None:
+            if self.state != _CONNECTED or self.flow is not flow:
+                return  # what it named is sent again, from the record, on the next connection
+            if result.status == p.Status.FAILED:
+                flow.held[:0] = held  # tried again with the next write
+                SessionStore.of(self.engine).mark(self)
+                return
+            for packet_id, packet, sent in held:
+                if sent is None or flow.inflight.get(packet_id) is sent:
+                    self._queue(packet)
+
+        return stored
 
     def _resume(self, record: Record) -> None:
         """A stored session: its subscriptions again, then what its QoS 1 subscriptions missed, from the caches."""
         engine = self.engine
         flow = self.flow or self._new_flow()
         flow.positions = dict(record.pos)
+        for packet_id, subject, epoch, seq, kind in record.sent:
+            if packet_id in flow.inflight:
+                continue  # moved from a connection on this worker
+            if kind == 3:  # the client has it: only its PUBREL is owed
+                rel = m.encode_ack(m.PUBREL, packet_id, self.level)
+                flow.inflight[packet_id] = (rel, subject, epoch, seq)
+                self._queue(rel)
+            else:  # sent, perhaps received: sent again from the cache under the same packet id, with DUP
+                flow.resend[(subject, epoch, seq)] = (packet_id, kind)
         conn = cast(Client, self)
         resumed: list[_SubOptions] = []
         for text, qos, sub_id, rap in record.subs:
@@ -547,6 +618,15 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 # notices have no MQTT form and are skipped by _deliver
                 for frame in engine.initial_frames(2, subject, flow.positions.get(subject, (0, 0))):
                     self._deliver(frame, options)
+        for (subject, epoch, seq), (packet_id, kind) in flow.resend.items():
+            if kind != 2:
+                continue
+            # gone from the cache (or no longer subscribed): released, so that the client's copy of the packet
+            # id does not swallow a later message sent under it
+            rel = m.encode_ack(m.PUBREL, packet_id, self.level)
+            flow.inflight[packet_id] = (rel, subject, epoch, seq)
+            self._queue(rel)
+        flow.resend.clear()
 
     def taken_over(self) -> None:
         """Another connection came with this client identifier: this one ends (no will: the session lives on)."""
@@ -629,8 +709,8 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             self._publish_refused(packet, m.Rc.TOPIC_NAME_INVALID, exc.reason)
             return
         fields = _user_fields(packet.props)
-        if self.level == 5 or packet.retain:
-            fields.update(to_fields(packet.props, packet.payload, packet.retain))  # forwarded unaltered
+        if self.level == 5 or packet.retain or packet.qos == 2:
+            fields.update(to_fields(packet.props, packet.payload, packet.retain, packet.qos))  # forwarded unaltered
         expiry = packet.props.get(m.P_EXPIRY)
         if isinstance(expiry, int):
             # when the message expires, and whose it is (a snapshot's fields are a union: an older message's
@@ -710,20 +790,66 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             code = 0 if known or self.level == 4 else m.Rc.PACKET_ID_NOT_FOUND
             self._queue(m.encode_ack(m.PUBCOMP, packet.packet_id, self.level, code))
             return
-        if packet.kind != m.PUBACK:
-            raise m.MqttError(m.Rc.PROTOCOL_ERROR, "PUBREC or PUBCOMP for a message this server never sent at QoS 2")
-        sent = flow.inflight.pop(packet.packet_id, None) if flow is not None else None
+        packet_id = packet.packet_id
+        sent = flow.inflight.get(packet_id) if flow is not None else None
+        if packet.kind == m.PUBREC and (sent is None or _qos_of(sent[0]) < 2):
+            # a PUBREC of nothing this server has in flight: released, so that the client forgets it too
+            code = m.Rc.PACKET_ID_NOT_FOUND if self.level == 5 else 0
+            self._queue(m.encode_ack(m.PUBREL, packet_id, self.level, code))
+            return
         if flow is None or sent is None:
             return  # an acknowledgement of nothing: ignored, as 5.0 section 4.3.2 allows
+        qos = _qos_of(sent[0])
+        if packet.kind == m.PUBREC:
+            if qos == 3:
+                self._queue(sent[0])  # PUBREC again: its PUBREL was lost
+                return
+            if packet.code >= 0x80:  # the client refused it: done, as with a PUBACK
+                del flow.inflight[packet_id]
+                self._acknowledged(flow, sent)
+            else:
+                rel = m.encode_ack(m.PUBREL, packet_id, self.level)
+                released = flow.inflight[packet_id] = (rel, *sent[1:])
+                self._acknowledged(flow, sent)
+                # once the record says it was received: sent before, the client would forget the packet id, and a
+                # member's death would bring the message back under it as a new one
+                self._send_held(flow, packet_id, rel, released)
+                return
+        elif (packet.kind == m.PUBACK) != (qos == 1) or (packet.kind == m.PUBCOMP) != (qos == 3):
+            raise m.MqttError(m.Rc.PROTOCOL_ERROR, f"{_ACK_NAMES[packet.kind]} for a {_SENT_NAMES[qos]} in flight")
+        else:
+            del flow.inflight[packet_id]
+            if qos == 1:
+                self._acknowledged(flow, sent)
+            elif flow.expiry:
+                SessionStore.of(self.engine).mark(self)  # the record's list of QoS 2 in flight changed
+        while flow.queue and len(flow.inflight) < self.limits[0]:
+            packet_id, packet_bytes, subject, epoch, seq = flow.queue.popleft()
+            self._send_inflight(flow, packet_id, packet_bytes, subject, epoch, seq)
+
+    def _acknowledged(self, flow: _Flow, sent: _Sent) -> None:
+        """A stored session's client has a message: recovery resumes after it."""
         if flow.expiry:
             _, subject, epoch, seq = sent
             if seq > flow.positions.get(subject, (0, 0))[1]:
                 flow.positions[subject] = (epoch, seq)
                 SessionStore.of(self.engine).mark(self)
-        while flow.queue and len(flow.inflight) < self.limits[0]:
-            packet_id, packet_bytes, subject, epoch, seq = flow.queue.popleft()
-            flow.inflight[packet_id] = (_dup(packet_bytes), subject, epoch, seq)
-            self._queue(packet_bytes)
+
+    def _send_inflight(self, flow: _Flow, packet_id: int, packet: bytes, subject: str, epoch: int, seq: int) -> None:
+        sent = flow.inflight[packet_id] = (_dup(packet), subject, epoch, seq)
+        if _qos_of(packet) == 2 and flow.expiry and flow.since:
+            self._send_held(flow, packet_id, packet, sent)  # sent once the record names it (see _Flow.held)
+        elif flow.held:
+            flow.held.append((packet_id, packet, None))  # in order behind what waits
+        else:
+            self._queue(packet)
+
+    def _send_held(self, flow: _Flow, packet_id: int, packet: bytes, sent: _Sent) -> None:
+        if not (flow.expiry and flow.since):
+            self._queue(packet)  # a session that ends with its connection: nothing to store
+            return
+        flow.held.append((packet_id, packet, sent))
+        SessionStore.of(self.engine).mark(self)
 
     def _new_flow(self) -> _Flow:
         self.flow = _Flow()
@@ -783,7 +909,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                     else m.Rc.TOPIC_FILTER_INVALID
                 )
                 continue
-            granted = min(sub.qos, 1)  # QoS 2 subscriptions are granted QoS 1 (docs/mqtt.md)
+            granted = sub.qos
             options = _SubOptions.of(filt, granted, sub_id, sub.retain_as_published, sub.no_local)
             self._set_options(filt.key, options)
             codes.append(granted)
@@ -848,7 +974,8 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 if users:
                     base[m.P_USER] = users
             props = m.encode_properties(base)
-            cache[:] = [frame, delivery, topic, props, b"", base, expires]
+            published = published_qos(delivery.fields, delivery.content, delivery.guaranteed)
+            cache[:] = [frame, delivery, topic, props, b"", base, expires, published]
         delivery = cast(p.Delivery, cache[1])
         topic = cast(str, cache[2])
         expires = cast(int, cache[6])
@@ -869,8 +996,12 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 self.flow.own.remove(mine)  # its own publication (MQTT 5 No Local)
                 return
         retain = snapshot or (options.rap and delivery.retained)
-        qos = min(options.qos, 1 if delivery.guaranteed or snapshot or delivery.recovered else 0)
+        qos = min(options.qos, cast(int, cache[7]))  # the lower of the granted and the published QoS
         level = self.level
+        flow = self.flow
+        resent = 0  # a resumed session's message, sent before under this packet id
+        if qos and delivery.recovered and flow is not None and flow.resend:
+            resent = flow.resend.pop((delivery.subject, delivery.epoch, delivery.seq), (0, 0))[0]
         if level == 4 and qos == 0 and not retain:
             packet = cast(bytes, cache[4])
             if not packet:
@@ -882,21 +1013,39 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 if options.sub_id:
                     extra[m.P_SUBSCRIPTION_ID] = options.sub_id
                 props = m.encode_properties({**extra, **cast(m.Properties, cache[5])})
-            packet_id = self._next_packet_id() if qos else 0
-            packet = m.encode_publish(level, topic, delivery.content, qos, retain, delivery.recovered, packet_id, props)
+            packet_id = resent or (self._next_packet_id() if qos else 0)
+            dup = bool(resent) or (qos > 0 and delivery.recovered and flow is not None and flow.unsure)
+            packet = m.encode_publish(level, topic, delivery.content, qos, retain, dup, packet_id, props)
         max_packet = self.limits[1]
         if max_packet and len(packet) > max_packet:
             self.engine.stats.messages_dropped += 1  # the client said it cannot take it (MQTT 5 section 3.1.2.11)
             return
         if qos:
-            flow = self.flow or self._new_flow()
+            flow = flow or self._new_flow()
             subject, epoch, seq = delivery.subject, delivery.epoch, delivery.seq
-            if len(flow.inflight) >= self.limits[0]:
-                flow.queue.append((flow.next_id, packet, subject, epoch, seq))
+            if resent:  # the record names it already: sent now
+                flow.inflight[packet_id] = (packet, subject, epoch, seq)
+            elif len(flow.inflight) >= self.limits[0]:
+                flow.queue.append((packet_id, packet, subject, epoch, seq))
                 if len(flow.queue) * len(packet) > self.engine.max_pending:
                     self._slow_consumer()
                 return
-            flow.inflight[flow.next_id] = (_dup(packet), subject, epoch, seq)
+            else:
+                self._send_inflight(flow, packet_id, packet, subject, epoch, seq)
+                return
+        elif flow is not None:
+            if flow.expiry and options.qos and not snapshot and not flow.queue:
+                # a QoS 0 message a recovering subscription got: not sent again on its return, unless an older
+                # one of its subject is unacknowledged (written with the next change; a member's death before
+                # it may bring it again)
+                subject, seq = delivery.subject, delivery.seq
+                if seq > flow.positions.get(subject, (0, 0))[1] and all(
+                    sent[1] != subject for sent in flow.inflight.values()
+                ):
+                    flow.positions[subject] = (delivery.epoch, seq)
+            if flow.held:
+                flow.held.append((0, packet, None))  # in order behind what waits for the record
+                return
         self._queue(packet)
 
     def _no_local(self) -> bool:
@@ -954,7 +1103,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         packet_id = flow.next_id
         for _ in range(65536):
             packet_id = packet_id % 65535 + 1
-            if packet_id not in flow.inflight:
+            if packet_id not in flow.inflight and not (flow.resend and _resent(flow, packet_id)):
                 break
         flow.next_id = packet_id
         return packet_id
@@ -1057,7 +1206,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         except TopicError:
             return
         fields = _user_fields(will.props)
-        fields.update(to_fields(will.props, will.payload, will.retain))
+        fields.update(to_fields(will.props, will.payload, will.retain, will.qos))
         qos = QoS.GUARANTEED if will.qos else QoS.STANDARD
         self.engine.publish(Message(subject, will.payload, fields, will.retain, qos), self.origin(), _ignore)
 
@@ -1174,6 +1323,15 @@ def _is_text(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+_ACK_NAMES = {m.PUBACK: "PUBACK", m.PUBREC: "PUBREC", m.PUBCOMP: "PUBCOMP"}
+_SENT_NAMES = {1: "QoS 1 PUBLISH", 2: "QoS 2 PUBLISH", 3: "PUBREL"}
+
+
+def _resent(flow: _Flow, packet_id: int) -> bool:
+    """Whether a resumed session's ``packet_id`` still waits to be sent again (only while it resumes)."""
+    return any(packet_id == sent[0] for sent in flow.resend.values())
 
 
 def _dup(packet: bytes) -> bytes:

@@ -1,15 +1,15 @@
 """MQTT sessions kept where the cluster keeps everything else: in the replica, one record per client.
 
-A client's session (its subscriptions, and for each subject the last QoS 1 message it
-acknowledged) is the snapshot of a private subject, ``/migratory/mqtt/<client id, base64url>``,
-published as a Guaranteed message whenever it changes (coalesced: at most one write per
-session every :data:`WRITE_DELAY`). Every worker of every member holds every snapshot, so a
-client that comes back anywhere, after its connection or its whole member died, finds its
-session, resubscribes, and gets from the subjects' caches what it had not acknowledged
-(docs/mqtt.md, "Sessions"). The record also names its owner, the connection holding it: every
-worker hears each record (:attr:`Engine.watch`), and a live connection whose client id was
-claimed by a newer connection elsewhere is closed (session takeover, MQTT 3.1.4-3). A clean
-session has no record: its connection announces its client id on a claim subject
+A client's session (its subscriptions, for each subject the last QoS 1 or 2 message it acknowledged,
+and the messages in flight with their packet ids) is the snapshot of a private subject,
+``/migratory/mqtt/<client id, base64url>``, published as a Guaranteed message whenever it changes
+(coalesced: at most one write per session every :data:`WRITE_DELAY`). Every worker of every member
+holds every snapshot, so a client that comes back anywhere, after its connection or its whole member
+died, finds its session, resubscribes, and gets from the subjects' caches what it had not
+acknowledged (docs/mqtt.md, "Sessions"). The record also names its owner, the connection holding it:
+every worker hears each record (:attr:`Engine.watch`), and a live connection whose client id was
+claimed by a newer connection elsewhere is closed (session takeover, MQTT 3.1.4-3). A clean session
+has no record: its connection announces its client id on a claim subject
 (``/migratory/mqtt/t<shard>``), and an older connection with that id on another worker or member
 closes when it hears it.
 
@@ -66,7 +66,9 @@ def _client_id(subject: str) -> str | None:
 
 @dataclass(slots=True)
 class Record:
-    """One session as stored. ``subs``: (filter, granted QoS, subscription id, retain as published)."""
+    """One session as stored. ``subs``: (filter, granted QoS, subscription id, retain as published); ``sent``:
+    the messages in flight, (packet id, subject, epoch, seq, 1 or 2: its QoS, 3: PUBREC received), so that a
+    session resumed anywhere sends each again under the same packet id, or only its PUBREL (exactly once)."""
 
     owner: str
     since: float  # when its owner connected (wall clock): a newer owner takes over
@@ -75,20 +77,21 @@ class Record:
     at: float  # when it was written
     subs: list[tuple[str, int, int, bool]] = field(default_factory=list)
     pos: dict[str, tuple[int, int]] = field(default_factory=dict)
+    sent: list[tuple[int, str, int, int, int]] = field(default_factory=list)
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "owner": self.owner,
-                "since": self.since,
-                "open": self.open,
-                "expiry": self.expiry,
-                "at": self.at,
-                "subs": self.subs,
-                "pos": self.pos,
-            },
-            separators=(",", ":"),
-        ).encode()
+        raw: dict[str, Any] = {
+            "owner": self.owner,
+            "since": self.since,
+            "open": self.open,
+            "expiry": self.expiry,
+            "at": self.at,
+            "subs": self.subs,
+            "pos": self.pos,
+        }
+        if self.sent:
+            raw["sent"] = self.sent
+        return json.dumps(raw, separators=(",", ":")).encode()
 
     @staticmethod
     def decode(content: bytes) -> Record | None:
@@ -105,6 +108,7 @@ class Record:
                 float(raw["at"]),
                 [(str(f), int(q), int(i), bool(r)) for f, q, i, r in raw.get("subs", [])],
                 {str(s): (int(e), int(q)) for s, (e, q) in raw.get("pos", {}).items()},
+                [(int(i), str(s), int(e), int(q), int(k)) for i, s, e, q, k in raw.get("sent", [])],
             )
         except (ValueError, TypeError, KeyError):
             return None
@@ -237,6 +241,9 @@ class Holder(Protocol):
 
     def taken_over(self) -> None: ...
 
+    def written(self) -> Callable[[Any], None] | None:
+        """What to call once the record :meth:`record` returns now is stored, if anything waits for it."""
+
 
 class SessionStore:
     """The sessions of one worker: the live connections by client id, and their coalesced writes."""
@@ -332,7 +339,7 @@ class SessionStore:
         record = holder.record()
         if record is not None:
             self._heard_here(holder.client_id, record)
-            self._publish(holder.client_id, record.encode())
+            self._publish(holder.client_id, record.encode(), holder.written())
 
     def _heard_here(self, client_id: str, record: Record | None) -> None:
         """This worker keeps what a session wants at once, not when its record comes back from the coordinator."""
