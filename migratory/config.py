@@ -506,6 +506,22 @@ class Config:
         "client's session expiry interval and the expiry of an MQTT 3.1.1 persistent session (clean session "
         "0). Sessions are kept in the cluster (docs/mqtt.md); 0 ends every session with its connection.",
     )
+    mqtt_max_keep_alive: int = key(
+        "MqttMaxKeepAlive",
+        0,
+        _int_parser(0, 65535),
+        "Seconds (not milliseconds): the longest keep-alive an MQTT client may ask, 0 for no limit. An MQTT 5 "
+        "client asking more, or none (0), is told this value in CONNACK (Server Keep Alive) and held to it; "
+        "an MQTT 3.1.1 client, which cannot be told, is refused (CONNACK 0x02), as Mosquitto's max_keepalive.",
+    )
+    mqtt_receive_maximum: int = key(
+        "MqttReceiveMaximum",
+        1024,
+        _int_parser(1, 65535),
+        "QoS 1 and 2 publications an MQTT 5 client may have unacknowledged by the server at once (announced "
+        "in CONNACK as Receive Maximum); one more and it is disconnected (0x93). A QoS 1 publication counts "
+        "until its PUBACK, a QoS 2 one until its PUBREL.",
+    )
     mqtt_allow_anonymous: bool = key(
         "MqttAllowAnonymous",
         True,

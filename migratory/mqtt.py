@@ -12,6 +12,7 @@ CONNACK or DISCONNECT (a version 3.1.1 client is simply disconnected, as 3.1.1 r
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -570,9 +571,12 @@ def _string(text: str) -> bytes:
     return struct.pack("!H", len(raw)) + raw
 
 
-def encode_properties(props: Properties) -> bytes:
-    """Properties in id order; user properties as pairs. Values are the types of :data:`_PROPERTY_TYPES`."""
+def encode_properties(props: Properties, sub_ids: Sequence[int] = ()) -> bytes:
+    """Properties in id order; user properties as pairs. Values are the types of :data:`_PROPERTY_TYPES`.
+    ``sub_ids``: subscription identifiers, each its own property (a PUBLISH may carry several)."""
     out = bytearray()
+    for sub_id in sub_ids:
+        out += b"\x0b" + _varint(sub_id)
     for pid, value in props.items():
         kind = _PROPERTY_TYPES[pid]
         if kind == _PAIR:

@@ -961,7 +961,9 @@ def test_no_local_and_the_will_delay(
     will_props = Properties(PacketTypes.WILLMESSAGE)
     will_props.WillDelayInterval = 2
     doomed.will_set("room/left", b"bye", qos=1, properties=will_props)
-    doomed.connect("127.0.0.1", port)
+    session = Properties(PacketTypes.CONNECT)
+    session.SessionExpiryInterval = 10  # outlives the delay (a session that ends sooner publishes it sooner)
+    doomed.connect("127.0.0.1", port, properties=session)
     doomed.loop_start()
     time.sleep(0.5)
     doomed.loop_stop()
@@ -971,6 +973,18 @@ def test_no_local_and_the_will_delay(
     sock.close()
     message = watched.wait(1, timeout=10)[0]
     assert message.payload == b"bye" and time.monotonic() - vanished >= 1.5
+    # the same delay, but a session that ends with its connection: the session's end publishes it, at once
+    quick = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="ended-will", protocol=V5)
+    quick.will_set("room/left", b"gone", qos=1, properties=will_props)
+    quick.connect("127.0.0.1", port)
+    quick.loop_start()
+    time.sleep(0.5)
+    quick.loop_stop()
+    vanished = time.monotonic()
+    sock = quick.socket()
+    assert sock is not None
+    sock.close()
+    assert watched.wait(2, timeout=10)[1].payload == b"gone" and time.monotonic() - vanished < 1.5
 
 
 @pytest.mark.parametrize("version", [V311, V5])
@@ -1077,3 +1091,66 @@ def test_qos2_to_a_stored_session_is_delivered_exactly_once_across_its_reconnect
     with pytest.raises(socket.timeout):
         print(_read_packet(sub))  # nothing owed
     sub.close()
+
+
+def test_overlapping_subscriptions_deliver_once_with_every_subscription_identifier(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """MQTT 5 3.3.4: one message for overlapping subscriptions, at the highest QoS, with all their identifiers."""
+    _, port = mqtt_server()
+    got = Received()
+    sub = connect(clients, port, "ids-sub", V5, received=got)
+    for sub_id, topic_filter, qos in ((2, "ids/x", 0), (3, "ids/#", 1), (4, "other/#", 1)):
+        props = Properties(PacketTypes.SUBSCRIBE)
+        props.SubscriptionIdentifier = sub_id
+        subscribe(sub, topic_filter, qos, props)
+    pub = connect(clients, port, "ids-pub", V5)
+    pub.publish("ids/x", b"both", qos=1).wait_for_publish(5)
+    pub.publish("ids/y", b"one", qos=1).wait_for_publish(5)
+    got.wait(2)
+    time.sleep(0.3)  # and no second copy
+    seen = [(m.topic, m.qos, sorted(m.properties.SubscriptionIdentifier)) for m in got.items]  # type: ignore[union-attr]
+    assert seen == [("ids/x", 1, [2, 3]), ("ids/y", 1, [3])], seen
+
+
+def test_keep_alive_cap_and_receive_maximum(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
+) -> None:
+    """MqttMaxKeepAlive: an MQTT 5 client asking more (or none) is told Server Keep Alive; a 3.1.1 one is
+    refused, as Mosquitto's max_keepalive. MqttReceiveMaximum is announced, and one publication beyond it
+    disconnects with 0x93."""
+    from tests.test_mqtt_hostile import (
+        CONNACK,
+        PUBREC,
+        Raw,
+        connect_packet,
+        parse_props,
+        publish_packet,
+    )
+
+    _, port = mqtt_server({"MqttMaxKeepAlive": "60", "MqttReceiveMaximum": "3"})
+    for asked, told in ((120, 60), (0, 60), (30, None)):
+        raw = Raw(port)
+        raw.send(connect_packet(5, f"ka-{asked}", keep_alive=asked))
+        connack = raw.expect(CONNACK)
+        assert connack.body[:2] == b"\x00\x00"
+        props = parse_props(connack.body, 2)
+        assert props.get(0x13) == told, (asked, props)  # Server Keep Alive
+        assert props.get(0x21) == 3  # Receive Maximum
+        raw.close()
+    raw = Raw(port)
+    raw.send(connect_packet(4, "ka-311", keep_alive=120))
+    assert raw.expect(CONNACK).body == b"\x00\x02"  # identifier rejected: 3.1.1 cannot be told
+    raw.close()
+    raw = Raw(port)
+    raw.send(connect_packet(4, "ka-311-ok", keep_alive=60))
+    assert raw.expect(CONNACK).body == b"\x00\x00"
+    raw.close()
+    raw = Raw(port)
+    raw.send(connect_packet(5, "flooder", keep_alive=30))
+    raw.expect(CONNACK)
+    for packet_id in (1, 2, 3):  # QoS 2, never released: each holds a slot until PUBREL
+        raw.send(publish_packet(5, "rm/t", qos=2, packet_id=packet_id))
+        assert raw.expect(PUBREC).body[:2] == packet_id.to_bytes(2, "big")
+    raw.send(publish_packet(5, "rm/t", qos=2, packet_id=4))
+    raw.expect_disconnect((0x93,), "a fourth publication in flight")

@@ -24,7 +24,7 @@ import asyncio
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 from migratory import mqtt as m
@@ -143,6 +143,7 @@ class _Flow:
         "next_id",
         "own",
         "positions",
+        "qos1_in",
         "queue",
         "resend",
         "since",
@@ -165,6 +166,7 @@ class _Flow:
         self.next_id = 0
         self.acks: deque[list[Any]] = deque()  # [packet id, kind, reason code or None while unanswered]
         self.awaiting_rel: set[int] = set()  # QoS 2 publications acknowledged with PUBREC, until PUBREL
+        self.qos1_in = 0  # QoS 1 publications not yet acknowledged (with awaiting_rel: the receive maximum's count)
         self.aliases: dict[int, str] = {}
         # No Local: (subject, crc32 of the content) of this client's last 64 publications, not delivered back to
         # it; made by its first publication with a No Local subscription
@@ -448,7 +450,13 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         receive_max = int(cast(int, packet.props.get(m.P_RECEIVE_MAX, 65535)))
         max_packet = int(cast(int, packet.props.get(m.P_MAX_PACKET, 0)))
         self.limits = (receive_max, max_packet) if (receive_max, max_packet) != _NO_LIMITS else _NO_LIMITS
-        self.keep_alive = packet.keep_alive
+        keep_alive = packet.keep_alive
+        cap = engine.config.mqtt_max_keep_alive
+        capped = bool(cap) and (keep_alive == 0 or keep_alive > cap)
+        if capped and packet.level != 5:
+            self._refuse_connect(m.Rc.CLIENT_ID_NOT_VALID, f"a keep-alive of at most {cap} s is required here")
+            return
+        self.keep_alive = cap if capped else keep_alive
         self.client_id = client_id  # not interned: the interpreter's table would cost more than it saves
         self.state = _CONNECTED
         expiry = int(cast(int, packet.props.get(m.P_SESSION_EXPIRY, 0))) if packet.level == 5 else 0
@@ -492,7 +500,10 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 m.P_RETAIN_AVAILABLE: 1,
                 m.P_WILDCARDS: 1,
                 m.P_SUB_IDS: 1,
+                m.P_RECEIVE_MAX: engine.config.mqtt_receive_maximum,
             }
+            if capped:
+                props[m.P_SERVER_KEEP_ALIVE] = cap
             if assigned:
                 props[m.P_ASSIGNED_ID] = assigned
             if packet.props.get(m.P_SESSION_EXPIRY, 0) != expiry:
@@ -728,10 +739,15 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             engine.publish(message, self.origin(), self._qos0_answered)
             return
         flow = flow or self._new_flow()
+        if self.level == 5 and flow.qos1_in + len(flow.awaiting_rel) >= engine.config.mqtt_receive_maximum:
+            limit = engine.config.mqtt_receive_maximum
+            raise m.MqttError(m.Rc.RECEIVE_MAXIMUM_EXCEEDED, f"more than {limit} QoS 1 and 2 publications in flight")
         entry: list[Any] = [packet.packet_id, m.PUBACK if packet.qos == 1 else m.PUBREC, None, ""]
         flow.acks.append(entry)
         if packet.qos == 2:
             flow.awaiting_rel.add(packet.packet_id)
+        else:
+            flow.qos1_in += 1
         engine.publish_started(self)
 
         def answered(result: PublishResult) -> None:
@@ -758,6 +774,8 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             return
         flow = self.flow or self._new_flow()
         flow.acks.append([packet.packet_id, m.PUBACK if packet.qos == 1 else m.PUBREC, code, reason])
+        if packet.qos == 1:
+            flow.qos1_in += 1  # (counted down as it is sent)
         self._send_acks(flow)
 
     def _send_acks(self, flow: _Flow) -> None:
@@ -765,6 +783,8 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         acks = flow.acks
         while acks and acks[0][2] is not None:
             packet_id, kind, code, reason = acks.popleft()
+            if kind == m.PUBACK:
+                flow.qos1_in -= 1
             if self.level == 4 and code >= 0x80:
                 self.engine.deny(self.origin(), "publish", "mqtt_publish", reason)
                 self._refuse(code, reason, "publish_refused")  # 3.1.1 has no negative acknowledgement
@@ -1008,11 +1028,12 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 packet = cache[4] = m.encode_publish(4, topic, delivery.content)
         else:
             props = cast(bytes, cache[3])
-            if level == 5 and (options.sub_id or remaining):
+            if level == 5 and (options.sub_id or remaining or isinstance(self.options, dict)):
                 extra: m.Properties = {m.P_EXPIRY: remaining} if remaining else {}
-                if options.sub_id:
-                    extra[m.P_SUBSCRIPTION_ID] = options.sub_id
-                props = m.encode_properties({**extra, **cast(m.Properties, cache[5])})
+                sub_ids = self._subscription_ids(delivery.subject, options) if retained_for is None else []
+                if retained_for is not None and options.sub_id:
+                    sub_ids = [options.sub_id]  # a retained message goes to the subscription that asked
+                props = m.encode_properties({**extra, **cast(m.Properties, cache[5])}, sub_ids)
             packet_id = resent or (self._next_packet_id() if qos else 0)
             dup = bool(resent) or (qos > 0 and delivery.recovered and flow is not None and flow.unsure)
             packet = m.encode_publish(level, topic, delivery.content, qos, retain, dup, packet_id, props)
@@ -1069,7 +1090,10 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             self.options = options
         else:
             table = self._all_options()
-            table[key] = options
+            if key[0] == "\x00" and key not in table:
+                table = {key: options, **table}  # patterns first: a delivery looks at them only (see _matching)
+            else:
+                table[key] = options
             self.options = table
 
     def _drop_options(self, key: str) -> None:
@@ -1086,17 +1110,35 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             if options.filter.subject == subject or (pattern is not None and subject_matches(pattern, subject)):
                 return options
             return None
-        found = options.get(subject)
-        if found is not None:
-            return found
-        best: _SubOptions | None = None
-        levels = topic_levels(subject)  # once, for every pattern
-        for key, candidate in options.items():
-            pattern = candidate.filter.pattern
-            matched = key[0] == "\x00" and pattern is not None and subject_matches(pattern, subject, levels)
-            if matched and (best is None or candidate.qos > best.qos):
+        best = options.get(subject)  # and any pattern granting more: the highest QoS of them all (MQTT 5 3.3.4)
+        for candidate in self._matching(subject, options):
+            if best is None or candidate.qos > best.qos:
                 best = candidate
         return best
+
+    @staticmethod
+    def _matching(subject: str, options: dict[str, _SubOptions]) -> Iterator[_SubOptions]:
+        """Every pattern subscription of a client that matches ``subject`` (its exact one is found by key). The
+        patterns come first in the table (:meth:`_set_options`): a client of many exact subjects is not scanned."""
+        levels: list[str] | None = None
+        for key, candidate in options.items():
+            if key[0] != "\x00":
+                return
+            pattern = candidate.filter.pattern
+            if levels is None:
+                levels = topic_levels(subject)  # once, for every pattern
+            if pattern is not None and subject_matches(pattern, subject, levels):
+                yield candidate
+
+    def _subscription_ids(self, subject: str, options: _SubOptions) -> list[int]:
+        """The subscription identifiers of every subscription of this client matching ``subject`` (MQTT 5
+        3.3.4: a message matching several goes once, with all of them)."""
+        table = self.options
+        if not isinstance(table, dict):
+            return [options.sub_id] if options.sub_id else []
+        found = [table[subject]] if subject in table else []
+        found.extend(self._matching(subject, table))
+        return sorted({o.sub_id for o in found if o.sub_id})
 
     def _next_packet_id(self) -> int:
         flow = self.flow or self._new_flow()
@@ -1187,8 +1229,8 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             return
         delay = int(cast(int, will.props.get(m.P_WILL_DELAY, 0)))
         flow = self.flow
-        if flow is not None and flow.expiry:
-            delay = min(delay, flow.expiry)  # the session's end publishes it, whichever comes first
+        # the session's end publishes it, whichever comes first: now, for a session that ends with its connection
+        delay = min(delay, flow.expiry if flow is not None else 0)
         if delay:
             store, client_id = SessionStore.of(self.engine), self.client_id
 
