@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
+
+from migratory.bench.servers import free_port, wait_listening
 
 # timing and statistics scripts (hours each), post-quantum groups OpenSSL 3.0 lacks, and scripts that need a client
 # certificate, a PSK or 0-RTT set up on the server: not record-layer conformance
@@ -46,25 +47,6 @@ SKIPPED = (
     "client-certificate",
 )
 SCRIPT_TIMEOUT = 900.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server on port {port} exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on port {port}")
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:
@@ -95,11 +77,11 @@ def _certificate(folder: Path) -> tuple[Path, Path]:
 
 
 def _migratory(folder: Path, cert: Path, key: Path, lean: bool) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
+    port = free_port()
     folder.mkdir(parents=True, exist_ok=True)
     conf = folder / "migratorydata.conf"
     conf.write_text(
-        f"Listen = 127.0.0.1:{_free_port()}\nListenEncrypted = 127.0.0.1:{port}\nTLSCertificate = {cert}\n"
+        f"Listen = 127.0.0.1:{free_port()}\nListenEncrypted = 127.0.0.1:{port}\nTLSCertificate = {cert}\n"
         f"TLSKey = {key}\nTLSLeanTransport = {'true' if lean else 'false'}\nWorkers = 1\n"
         f"LogFolder = {folder / 'logs'}\nStateFolder = {folder / 'state'}\n"
     )
@@ -109,12 +91,12 @@ def _migratory(folder: Path, cert: Path, key: Path, lean: bool) -> tuple[subproc
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    _wait(port, proc)
+    wait_listening("127.0.0.1", port, proc, 30.0)
     return proc, port
 
 
 def _s_server(cert: Path, key: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         ["openssl", "s_server", "-accept", f"127.0.0.1:{port}", "-cert", str(cert), "-key", str(key), "-www", "-quiet"],
         stdin=subprocess.DEVNULL,
@@ -122,7 +104,7 @@ def _s_server(cert: Path, key: Path) -> tuple[subprocess.Popen[bytes], int]:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    _wait(port, proc)
+    wait_listening("127.0.0.1", port, proc, 30.0)
     return proc, port
 
 

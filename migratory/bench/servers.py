@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MultiMeter", "ProcessMeter", "SpawnedServer", "peer_binary", "spawn"]
+__all__ = ["MultiMeter", "ProcessMeter", "SpawnedServer", "free_port", "peer_binary", "spawn", "wait_listening"]
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -131,13 +131,15 @@ class SpawnedServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (the kernel's choice)."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def _wait(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+def wait_listening(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """Until ``proc`` accepts connections on ``host:port``; RuntimeError if it exits first, TimeoutError."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -197,7 +199,7 @@ def spawn(
     kinds of this server and nats-server (``migratory-mqtt``, ``nats-mqtt``) listen for
     MQTT on ``port`` (their other listener on a port of its own, unused by the kit).
     """
-    port = _free_port(host)
+    port = free_port(host)
     folder = tempfile.mkdtemp(prefix="migratory-bench-")
     limits = _raise_nofile()
     extra: dict[str, str] = {}
@@ -209,11 +211,11 @@ def spawn(
         listeners = f"Listen = {host}:{port}\n"
         if kind == "migratory-wss":
             listeners = (
-                f"Listen = {host}:{_free_port(host)}\nListenEncrypted = {host}:{port}\n"
+                f"Listen = {host}:{free_port(host)}\nListenEncrypted = {host}:{port}\n"
                 f"TLSCertificate = {cert}\nTLSKey = {key}\n"
             )
         elif kind == "migratory-mqtt":  # the clients reach ListenMqtt; the WebSocket listener idles
-            listeners = f"Listen = {host}:{_free_port(host)}\nListenMqtt = {host}:{port}\n"
+            listeners = f"Listen = {host}:{free_port(host)}\nListenMqtt = {host}:{port}\n"
         conf.write_text(
             f"{listeners}Workers = {workers}\nLogFolder = {folder}/logs\nStateFolder = {folder}/state\n"
             f"KeepAliveInterval = 3600000\nMessageLog = false\nAccessLog = false\nMaxPendingOutput = {max_pending}\n"
@@ -233,7 +235,7 @@ def spawn(
     elif kind == "nats-mqtt":
         binary = peer_binary(kind) or "nats-server"
         conf = Path(folder) / "nats.conf"
-        conf.write_text(_nats_mqtt_conf(host, _free_port(host), port, Path(folder) / "jetstream"))
+        conf.write_text(_nats_mqtt_conf(host, free_port(host), port, Path(folder) / "jetstream"))
         cmd = [binary, "-c", str(conf)]
     elif kind in ("mqtt", "mqtt-tls"):
         binary = peer_binary(kind) or "mosquitto"
@@ -252,7 +254,7 @@ def spawn(
         raise ValueError(f"cannot spawn {kind!r}")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=limits)
     try:
-        _wait(host, port, proc)
+        wait_listening(host, port, proc)
     except Exception:
         proc.kill()
         raise
