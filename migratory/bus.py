@@ -44,6 +44,7 @@ __all__ = [
     "Hello",
     "Interest",
     "Kind",
+    "Leaving",
     "Proof",
     "Published",
     "Relay",
@@ -91,6 +92,7 @@ class Kind(enum.IntEnum):
     ACK = 14
     CLUSTER_INFO = 15
     RELAY = 16
+    LEAVING = 17
 
 
 # _HOT: the frames built and decoded at every hop of every publication (Forward, ForwardStatus, Published,
@@ -282,6 +284,15 @@ class Relay:
     payload: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Leaving:
+    """A member stopping on purpose (SIGTERM, a drain) tells its peers before its links close: they log its
+    departure as what it is, not as a lost link."""
+
+    member: int
+    reason: str = ""
+
+
 BusFrame = (
     Hello
     | Forward
@@ -299,6 +310,7 @@ BusFrame = (
     | Ack
     | ClusterInfo
     | Relay
+    | Leaving
 )
 
 _U32 = struct.Struct("!I")
@@ -458,6 +470,8 @@ def _encode_body(frame: BusFrame) -> bytes:
         return _head(Kind.SYNC_DONE) + _Q.pack(frame.request) + _pairs(frame.epochs)
     if isinstance(frame, Relay):
         return _head(Kind.RELAY) + _Q.pack(frame.worker) + _s(frame.stream) + _b(frame.payload)
+    if isinstance(frame, Leaving):
+        return _head(Kind.LEAVING) + _Q.pack(frame.member) + _s(frame.reason)
     return _head(Kind.CLUSTER_INFO, frame.ready) + _b(frame.document)
 
 
@@ -757,6 +771,9 @@ def decode(body: bytes) -> BusFrame:
         worker = c.u64()
         stream = c.text()
         frame = Relay(worker, stream, c.raw())
+    elif kind == Kind.LEAVING:
+        member = c.u64()
+        frame = Leaving(member, c.text())
     else:
         raise BusError(f"unknown bus frame kind {kind}")
     c.end()

@@ -31,6 +31,7 @@ FRAMES: list[b.BusFrame] = [
     b.SyncDone(11, ((1, 70),)),
     b.Ack("/a/b", 65, 17),
     b.ClusterInfo(True, b"{}"),
+    b.Leaving(2, "stopping (SIGTERM)"),
 ]
 
 

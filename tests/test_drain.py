@@ -186,6 +186,12 @@ def test_a_drained_guaranteed_member_loses_nothing_and_resyncs_no_one(tmp_path: 
             assert got.get(f"{n}") == want, (n, got.get(f"{n}"), want)
         drained = re.search(r"draining (\d+) clients", cluster.server_log(0))
         assert drained is not None and int(drained.group(1)) >= 15, "the subscribers were not on member 0"
+        for survivor in (1, 2):  # a planned stop reads as one: announced, at INFO, no WARNING about links
+            text = cluster.server_log(survivor)
+            assert "member 0 is leaving the cluster" in text and "closed: the member stopped, as it announced" in text
+            lines = text.splitlines()
+            warned = [line for line in lines if '"WARNING"' in line and ("link" in line or "quorum" in line)]
+            assert not warned, warned
 
 
 def run(coro: Any, timeout: float = 180) -> Any:

@@ -282,6 +282,8 @@ async def serve_agent(
                 last_info = now
                 bus.broadcast(machine.info())
     finally:
+        if stop.is_set():  # a planned stop (SIGTERM, after the workers drained): the peers log it as one
+            await links.announce_leaving(config.member_index, "stopping (SIGTERM)")
         if consensus is not None:
             consensus.close()
         await links.close()

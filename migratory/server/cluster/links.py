@@ -351,6 +351,7 @@ class MemberLinks:
         self._dirty: list[_Link] = []
         self._armed = False
         self._closed = False
+        self._leaving: set[int] = set()  # peers that announced they stop (bus.Leaving)
         self._server_ssl = server_context(config) if config.cluster_tls else None
         self._client_ssl = client_context(config) if config.cluster_tls else None
 
@@ -423,6 +424,7 @@ class MemberLinks:
             old.abort()
             self.on_down(member)
         self.links[member] = link
+        self._leaving.discard(member)  # back
         log.info("cluster link with member %d (%s) up", member, link.addr)
         self.on_up(member, incarnation)
 
@@ -430,7 +432,10 @@ class MemberLinks:
         if self.links.get(member) is link:
             del self.links[member]
             if not self._closed:
-                log.warning("cluster link with member %d lost", member)
+                if member in self._leaving:
+                    log.info("cluster link with member %d closed: the member stopped, as it announced", member)
+                else:
+                    log.warning("cluster link with member %d lost", member)
                 self.on_down(member)
 
     def refuse(self, addr: str, why: str) -> None:
@@ -443,7 +448,19 @@ class MemberLinks:
             log.error("cluster link with %s refused: %s (%d refused so far)", addr, why, self.refused)
 
     def received(self, member: int, frame: b.BusFrame) -> None:
+        if isinstance(frame, b.Leaving):
+            self._leaving.add(member)
+            log.info("member %d is leaving the cluster: %s", member, frame.reason or "stopping")
+            return
         self.on_frame(member, frame)
+
+    async def announce_leaving(self, me: int, reason: str) -> None:
+        """Tell every peer this member stops on purpose, and give the frames a moment to leave (the links are
+        aborted next, which would drop what is still buffered)."""
+        for link in list(self.links.values()):
+            link.queue(b.encode(b.Leaving(me, reason)))
+            link.flush()
+        await asyncio.sleep(0.05)
 
     def dirty(self, link: _Link) -> None:
         self._dirty.append(link)

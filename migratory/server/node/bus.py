@@ -236,6 +236,9 @@ class _Inbound(asyncio.Protocol):
                 self.transport.abort()
             return
         for frame in frames:
+            if isinstance(frame, b.Leaving):
+                self.bus.leaving.add(self.peer)  # its link's loss is a planned stop: said at INFO
+                continue
             self.bus.on_frame(frame, self.peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -316,6 +319,7 @@ class Bus:
         self._closed = False
         self._inbound: set[int] = set()
         self._ready = asyncio.Event()
+        self.leaving: set[int] = set()  # peers that said they stop (bus.Leaving)
 
     def refuse(self, why: str) -> None:
         """Count every refused link; log it at most once a minute per cause, with the count so far."""
@@ -366,6 +370,10 @@ class Bus:
 
     async def close(self) -> None:
         self._closed = True
+        for peer in self.peers.values():  # a planned stop: the peers log the links' loss as one
+            if peer.up:
+                self._write(peer, b.encode(b.Leaving(self.worker, "stopping")))
+        self.flush()
         await cancel_all(self._tasks)
         if self._server is not None:
             self._server.close()
@@ -397,6 +405,7 @@ class Bus:
             queued, peer.queued = peer.queued, []
             for frame in queued:  # ... then the publications that waited for this peer
                 self._write(peer, frame)
+            self.leaving.discard(peer.index)
             log.info("bus link to process %d up", peer.index)
             self._check_ready()
             await writer.lost
@@ -405,7 +414,10 @@ class Bus:
             peer.pending.clear()
             if self._closed:
                 break
-            log.warning("bus link to process %d lost", peer.index)
+            if peer.index in self.leaving:
+                log.info("bus link to process %d closed: the process stopped, as it announced", peer.index)
+            else:
+                log.warning("bus link to process %d lost", peer.index)
             if loop.time() - since < LINK_STABLE:
                 # cut right after it came up (the peer refused us, or is crashing): back off before the next try
                 await asyncio.sleep(delay)
