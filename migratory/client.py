@@ -46,7 +46,7 @@ from types import TracebackType
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosedOK, WebSocketException
+from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
 from websockets.typing import Data, Subprotocol
 
 from migratory import protocol as p
@@ -390,6 +390,7 @@ class MigratoryClient:
         last: _Server | None = None
         while not self._closing:
             server = self._pick_server(last)
+            wait = 0.0  # what a refusing server asked (503 Retry-After: its admission rate, docs/operations.md)
             try:
                 async with connect(
                     server.url,
@@ -409,6 +410,7 @@ class MigratoryClient:
             except (OSError, WebSocketException, TimeoutError, p.DecodeError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
                 error = exc
+                wait = _retry_after(exc)
             self._last_failure, self._last_error = f"{server.url}: {reason}", error
             was_up = self._connected.is_set()
             self._connected.clear()
@@ -423,7 +425,8 @@ class MigratoryClient:
             if self._closing or not self.reconnect:
                 return
             last = server
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter: a crowd of clients does not return at once
+            # jitter: a crowd of clients does not return at once; never before the server said it could take us
+            await asyncio.sleep(wait + delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.backoff_max)
 
     def _accept(self, frame: p.Delivery) -> bool:
@@ -577,3 +580,11 @@ _PUBLISH_EVENTS = {
     Status.NO_SUBSCRIBER: EventKind.PUBLISH_NO_SUBSCRIBER,
     Status.DENIED: EventKind.PUBLISH_DENIED,
 }
+
+
+def _retry_after(exc: BaseException) -> float:
+    """The seconds a 503 answer to the upgrade asked to wait (``Retry-After``), 0 for anything else."""
+    if not isinstance(exc, InvalidStatus) or exc.response.status_code != 503:
+        return 0.0
+    value = exc.response.headers.get("Retry-After", "")
+    return float(min(int(value), 60)) if value.isdigit() else 0.0

@@ -668,6 +668,15 @@ class Config:
         "New connections accepted per second from one client address (a burst of twice that "
         "is allowed); 0 disables the limit.",
     )
+    admission_rate: int = key(
+        "AdmissionRate",
+        0,
+        _int_parser(0),
+        "New client sessions (WebSocket and MQTT connections) each worker admits per second, so that a "
+        "reconnect storm leaves the loop to the clients already served; 0 disables the limit. Beyond it a "
+        "session is refused with HTTP 503 and Retry-After (MQTT: CONNACK 0x89, 3.1.1 0x03), each refused "
+        "one given a later second so that they come back spread at this rate (docs/operations.md).",
+    )
     run_as_user: str = key(
         "RunAsUser",
         "",

@@ -14,7 +14,16 @@ from typing import Any, Protocol
 from migratory.entitlement import AddressList, CustomEntitlement, Decision, Entitlement
 from migratory.server.engine.types import Origin
 
-__all__ = ["CUSTOM_ENTITLEMENT_TIMEOUT", "Authorizer", "ConnectionRate", "Gatekeeper", "InOrder", "custom_decision"]
+__all__ = [
+    "CUSTOM_ENTITLEMENT_TIMEOUT",
+    "MAX_RETRY_AFTER",
+    "Authorizer",
+    "ConnectionRate",
+    "Gatekeeper",
+    "InOrder",
+    "SessionAdmission",
+    "custom_decision",
+]
 
 CUSTOM_ENTITLEMENT_TIMEOUT = 5.0
 
@@ -65,6 +74,43 @@ class ConnectionRate:
         if len(self._buckets) > 100_000:  # forget idle addresses (full buckets)
             self._buckets = {a: v for a, v in self._buckets.items() if now - v[1] < 2.0}
         return True
+
+
+MAX_RETRY_AFTER = 60
+"""Seconds a refused client is told to wait at most."""
+
+
+class SessionAdmission:
+    """New sessions a worker admits per second (``AdmissionRate``; 0: no limit), so that a reconnect storm
+    does not take the loop from the clients already here (issue 51).
+
+    A token bucket of one second's worth; a session refused is given a turn: the next free slot of a
+    schedule that advances by ``1 / rate`` per refusal, so a crowd told to come back is told to come back
+    spread at the rate it can be taken, not all after the same second.
+    """
+
+    __slots__ = ("_last", "_next", "_tokens", "rate", "refused")
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._tokens = rate
+        self._last = 0.0
+        self._next = 0.0  # the slot given to the last refused session
+        self.refused = 0
+
+    def admit(self, now: float) -> int:
+        """0 to admit a session now, else the seconds it should wait (its Retry-After)."""
+        rate = self.rate
+        if not rate:
+            return 0
+        self._tokens = min(rate, self._tokens + (now - self._last) * rate)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0
+        self.refused += 1
+        self._next = max(self._next, now) + 1.0 / rate
+        return max(1, min(MAX_RETRY_AFTER, int(-(-(self._next - now) // 1))))
 
 
 async def custom_decision(entitlement: CustomEntitlement, method: str, origin: Origin, subject: str) -> Decision:

@@ -53,7 +53,14 @@ from migratory.logs import JsonLineWriter
 from migratory.message import Message, QoS
 from migratory.protocol import NotifyCode, Status, encode_delivery, encode_notify
 from migratory.replica import Applied, Entry, RecoveryKind, Replica
-from migratory.server.engine.admission import Authorizer, ConnectionRate, Gatekeeper, InOrder, custom_decision
+from migratory.server.engine.admission import (
+    Authorizer,
+    ConnectionRate,
+    Gatekeeper,
+    InOrder,
+    SessionAdmission,
+    custom_decision,
+)
 from migratory.server.engine.fanout import FanOut
 from migratory.server.engine.forwards import Forwards
 from migratory.server.engine.streams import StreamRegistry
@@ -155,6 +162,7 @@ class Engine:
         self.stream_registry = StreamRegistry(worker)
         self.streams = self.stream_registry.streams
         self.rate = ConnectionRate(config.max_connection_rate_per_address)
+        self.admission = SessionAdmission(config.admission_rate)
         self._admission(config)
         self.authorizer: Authorizer = self.gatekeeper
         self._in_order = InOrder(loop)

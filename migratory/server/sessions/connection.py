@@ -494,7 +494,18 @@ class Connection(Session, asyncio.Protocol):
         ]
         offered = [s.strip() for s in request.headers.get("sec-websocket-protocol", "").split(",") if s.strip()]
         if request.path == "/mqtt":
-            self._upgrade_mqtt(request, lines, offered)
+            self._upgrade_mqtt(request, lines, offered)  # admitted at its CONNECT
+            return
+        wait = self.engine.admission.admit(self.engine.loop.time())
+        if wait:
+            self._http_error(
+                503,
+                f"this server admits {self.engine.config.admission_rate} new sessions a second (AdmissionRate); "
+                f"come back in {wait} s",
+                reason_code="admission",
+                request=request,
+                extra={"Retry-After": str(wait)},
+            )
             return
         if "migratory.v1" in offered:
             lines.append("Sec-WebSocket-Protocol: migratory.v1")

@@ -414,6 +414,11 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         if not engine.ready:
             self._refuse_connect(m.Rc.SERVER_UNAVAILABLE, "this cluster member is synchronising; try another member")
             return
+        wait = engine.admission.admit(engine.loop.time())
+        if wait:  # (3.1.1: 0x03 server unavailable; MQTT 5 is also told the wait, as a Server Keep Alive)
+            reason = f"this server admits {engine.config.admission_rate} new sessions a second; come back in {wait} s"
+            self._refuse_connect(m.Rc.SERVER_BUSY, reason, {m.P_SERVER_KEEP_ALIVE: wait})
+            return
         client_id = packet.client_id
         assigned = ""
         if not client_id:
@@ -525,11 +530,11 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         else:
             store.register(self, announce=not assigned)  # an id the server assigned is nobody else's
 
-    def _refuse_connect(self, code: int, reason: str) -> None:
+    def _refuse_connect(self, code: int, reason: str, props: m.Properties | None = None) -> None:
         """CONNACK with a refusal (its nearest 3.1.1 return code), then close."""
         self.engine.deny(self.origin(), "connect", "mqtt_connect", reason)
         if self.level == 5:
-            self._queue(m.encode_connack(5, False, code, {m.P_REASON: reason}))
+            self._queue(m.encode_connack(5, False, code, {**(props or {}), m.P_REASON: reason}))
         elif code in m.V3_CONNACK:
             self._queue(m.encode_connack(4, False, m.V3_CONNACK[code]))
         self.close("connect_refused")
