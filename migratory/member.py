@@ -58,7 +58,7 @@ from migratory.bus import (
 from migratory.groups import GROUPS, Table, epoch_for, group_of, owner_of, rendezvous
 from migratory.protocol import Status
 from migratory.replica import Applied, Entry, Replica, SubjectSync
-from migratory.subjects import private_first
+from migratory.subjects import SHARE_PREFIX, private_first
 
 __all__ = ["Member", "MemberSettings", "Wire"]
 
@@ -379,6 +379,8 @@ class Member:
         self.counters["link_down"] += 1
         for subject in [s for s, counts in self._remote.items() if counts.pop(member, None) is not None and not counts]:
             del self._remote[subject]
+            if subject.startswith(SHARE_PREFIX):
+                self.wire.to_workers(Interest(subject, 0))  # its shared subscription groups went with it
         self._partial = {k: v for k, v in self._partial.items() if k[0] != member}
         if self._join is not None and self._join[1] == member:
             self._join = None
@@ -402,6 +404,9 @@ class Member:
         if self.ready:
             self._state_to_worker(worker)
         self.wire.to_worker(worker, self.info())
+        for subject, counts in self._remote.items():  # the other members' shared subscription groups
+            if subject.startswith(SHARE_PREFIX):
+                self.wire.to_worker(worker, Interest(subject, sum(counts.values())))
 
     def _state_to_worker(self, worker: int) -> None:
         self.wire.stream_to_worker(worker, self._whole_state())
@@ -489,6 +494,8 @@ class Member:
                 counts.pop(member, None)
                 if not counts:
                     del self._remote[frame.subject]
+            if frame.subject.startswith(SHARE_PREFIX):  # a shared subscription group's holders: the workers choose
+                self.wire.to_workers(Interest(frame.subject, sum(counts.values())))
         elif isinstance(frame, SyncSubject):
             self._sync_subject(member, frame, now)
         elif isinstance(frame, SyncRequest):

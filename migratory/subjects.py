@@ -16,6 +16,7 @@ __all__ = [
     "MAX_SUBJECT_BYTES",
     "PRIVATE_PREFIX",
     "RESERVED_PREFIX",
+    "SHARE_PREFIX",
     "InvalidSubject",
     "check_subject",
     "is_valid_subject",
@@ -32,6 +33,11 @@ ESCAPE = "~"
 PRIVATE_PREFIX = "/migratory/mqtt/"
 """The server's private state (MQTT session records and claims): no client reads or writes it, wildcards
 never match it, and a replica sends it first in a state sync (it says what the receiver is to cache)."""
+
+SHARE_PREFIX = PRIVATE_PREFIX + "g"
+"""Markers of MQTT shared subscription groups: ``<prefix><group hash>/<member>``, subscribed by each worker that
+holds members of the group (never published). Their subscriber counts, which the member agents pass on to their
+workers, tell every worker which members and workers hold the group (migratory/server/sessions/mqttshare.py)."""
 
 MAX_SUBJECT_BYTES = 1024
 

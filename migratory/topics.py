@@ -9,9 +9,10 @@ Every MQTT topic has a subject, and back, so native and MQTT clients reach the s
   ``TopicA`` is ``/~/~TopicA``, ``/TopicA`` is ``/~/~/~TopicA``, ``a//b`` is ``/~/~a/~/~b``.
 
 Only the canonical escaped form is a valid subject (migratory/subjects.py), so no two subjects name
-one topic. Topics beginning with ``$`` are the server's: clients cannot publish there, only
-``$SYS/...`` can be subscribed to (subject ``/$SYS/...``), and ``+`` or ``#`` in the first level never
-match them, nor the server's own subjects under ``/migratory/`` (statistics, MQTT session records).
+one topic. Topics beginning with ``$`` map as any other (``$app/x`` is ``/$app/x``), as Mosquitto's do;
+``$SYS/...`` is the server's statistics (subject ``/$SYS/...``), which clients read and never write; ``+``
+or ``#`` in the first level never match a ``$`` topic, nor the server's own subjects under
+``/migratory/`` (statistics, MQTT session records).
 
 A filter with wildcards becomes a pattern of topic levels, matched against a subject's topic levels
 (:func:`subject_matches`): ``+`` matches one level (an empty one too), a last ``#`` zero or more
@@ -29,7 +30,9 @@ __all__ = [
     "Filter",
     "Pattern",
     "TopicError",
+    "is_sys",
     "parse_filter",
+    "parse_shared",
     "pattern_matches",
     "subject_matches",
     "subject_to_topic",
@@ -68,9 +71,14 @@ def topic_to_subject(topic: str) -> str:
     """The subject of a PUBLISH topic name, or :class:`TopicError`."""
     if "+" in topic or "#" in topic:
         raise TopicError(f"topic name {topic!r} contains a wildcard (+ or #)")
-    if topic.startswith("$"):
-        raise TopicError(f"topic names beginning with $ are the server's ({topic!r})")
+    if is_sys(topic):
+        raise TopicError(f"$SYS topics are the server's statistics: read-only ({topic!r})")
     return _subject(topic)
+
+
+def is_sys(topic: str) -> bool:
+    """Whether an MQTT topic is the server's statistics (``$SYS`` and below)."""
+    return topic == "$SYS" or topic.startswith(SYS)
 
 
 def _subject(topic: str) -> str:
@@ -193,15 +201,25 @@ class Filter:
         return Filter(self.text, None, (*self.pattern[:-1], "**"))
 
 
+SHARE = "$share/"
+
+
+def parse_shared(topic_filter: str) -> Filter:
+    """``$share/{group}/{filter}`` (MQTT 5 4.8.2): the filter, its text the whole, keyed among the client's
+    subscriptions by it (led by \x01: neither a subject nor a pattern's key)."""
+    group, sep, inner = topic_filter[len(SHARE) :].partition("/")
+    if not group or not sep or "+" in group or "#" in group:
+        raise TopicError(f"shared subscription {topic_filter!r}: $share/ needs a group name, then / and a filter")
+    filt = parse_filter(inner)
+    shared = Filter(topic_filter, filt.subject, filt.pattern)
+    shared.key = "\x01" + topic_filter
+    return shared
+
+
 def parse_filter(topic_filter: str) -> Filter:
     """Check a filter as MQTT does (non-empty, ``#`` last and alone in its level, ``+`` alone) and map it."""
-    if topic_filter.startswith("$share/"):
-        raise TopicError("shared subscriptions ($share/...) are not supported")
-    if topic_filter.startswith("$") and not topic_filter.startswith(SYS):
-        raise TopicError(
-            f"of the topics beginning with $, the server publishes $SYS/... only ({topic_filter!r}); "
-            "its statistics are also under migratory/stats/"
-        )
+    if topic_filter.startswith(SHARE):
+        raise TopicError("a shared subscription ($share/...) is subscribed on its own (parse_shared)")
     if not topic_filter:
         raise TopicError("the topic filter is empty")
     levels = topic_filter.split("/")

@@ -546,13 +546,25 @@ def test_credentials_are_checked_at_connect(
     assert v3 == v5
 
 
-def test_dollar_topics_and_shared_subscriptions_are_refused_with_a_reason(
+def test_dollar_topics_work_as_mosquittos_and_never_match_a_first_level_wildcard(
     mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client]
 ) -> None:
+    """A $ topic other than $SYS is a topic like any (Mosquitto's behaviour, the Paho suite's dollar_topics):
+    published, read by a filter naming it, never by + or # at the first level; $SYS stays read-only."""
     _, port = mqtt_server()
-    client = connect(clients, port, "odd", V5)
-    codes = [subscribe(client, topic, 1)[0].value for topic in ("$other/#", "$share/g/a/b", "$SYS/#")]
-    assert codes == [0x8F, 0x9E, 1]  # a misplaced # is refused by paho itself; tests/test_mqtt_hostile.py sends one
+    named, everything = Received(), Received()
+    client = connect(clients, port, "odd", V5, received=named)
+    codes = [subscribe(client, topic, 1)[0].value for topic in ("$app/#", "$share/g/a/b", "$SYS/#")]
+    assert codes == [1, 1, 1]
+    assert [c.value for c in subscribe(connect(clients, port, "all", V5, received=everything), "#", 1)] == [1]
+    assert [c.value for c in subscribe(connect(clients, port, "all2", V5, received=everything), "+/+", 1)] == [1]
+    pub = connect(clients, port, "dollar-pub", V311)
+    info = pub.publish("$app/state", b"mine", qos=1)
+    info.wait_for_publish(5)
+    assert info.is_published()
+    assert [(m.topic, m.payload) for m in named.wait(1)] == [("$app/state", b"mine")]
+    time.sleep(0.3)
+    assert [m.topic for m in everything.items if m.topic.startswith("$")] == []
 
 
 def test_sys_topics_under_mosquitto_names_read_only(
@@ -1154,3 +1166,72 @@ def test_keep_alive_cap_and_receive_maximum(
         assert raw.expect(PUBREC).body[:2] == packet_id.to_bytes(2, "big")
     raw.send(publish_packet(5, "rm/t", qos=2, packet_id=4))
     raw.expect_disconnect((0x93,), "a fourth publication in flight")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_shared_subscription_gives_each_message_to_one_member_of_its_group(
+    mqtt_server: Callable[..., tuple[ServerProcess, int]], clients: list[mqtt.Client], workers: str
+) -> None:
+    """$share/{group}/{filter}, MQTT 5 and 3.1.1: each message to one member of the group, every member some,
+    on however many workers; a plain subscriber gets every one; an unacknowledged one goes to another member."""
+    from tests.test_mqtt_hostile import PUBLISH, SUBACK, Raw, connect_packet, subscribe_packet
+
+    srv, port = mqtt_server({"Workers": workers})
+    groups: list[Received] = []
+    for n in range(4):
+        got = Received()
+        member = connect(clients, port, f"share-{n}", V5 if n % 2 else V311, received=got)
+        assert [c.value for c in subscribe(member, "$share/workers/jobs/+", 1)] == [1]
+        groups.append(got)
+    other = Received()
+    subscribe(connect(clients, port, "other-group", V5, received=other), "$share/audit/jobs/#", 0)
+    plain = Received()
+    subscribe(connect(clients, port, "plain", V5, received=plain), "jobs/+", 1)
+    time.sleep(0.3)
+    pub = connect(clients, port, "share-pub", V5)
+    for n in range(40):
+        pub.publish(f"jobs/j{n % 5}", f"job {n}".encode(), qos=1).wait_for_publish(5)
+    assert len(plain.wait(40)) == 40
+    other.wait(40)
+    deadline = time.monotonic() + 10
+    while sum(len(g.items) for g in groups) < 40 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # and no second copy
+    seen = [p for g in groups for p in g.payloads()]
+    assert sorted(seen) == sorted(f"job {n}".encode() for n in range(40)), seen  # each once, in the group
+    assert sorted(other.payloads()) == sorted(seen)  # another group gets its own copy of each
+    if workers == "1":
+        assert all(g.items for g in groups), [len(g.items) for g in groups]  # spread over the members
+    # a member that takes messages and never acknowledges them, then leaves: they go to another member
+    raw = Raw(port)
+    raw.send(connect_packet(4, "share-silent", cflags=0x02))
+    raw.expect(2)
+    raw.send(subscribe_packet(4, 1, [("$share/workers/jobs/+", 1)]))
+    raw.expect(SUBACK)
+    for got in groups:
+        got.items.clear()
+    for n in range(40, 60):
+        pub.publish(f"jobs/j{n % 5}", f"job {n}".encode(), qos=1).wait_for_publish(5)
+    taken = []
+    while True:
+        try:
+            packet = raw.read(1.0)
+        except AssertionError:
+            break  # nothing more within a second
+        if packet is None:
+            break
+        if packet.kind == PUBLISH:
+            taken.append(packet)
+    if workers == "1":
+        assert taken, "the silent member was given nothing"
+    raw.close()
+    deadline = time.monotonic() + 10
+    while sum(len(g.items) for g in groups) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seen = sorted(p for g in groups for p in g.payloads())
+    want = sorted(f"job {n}".encode() for n in range(40, 60))
+    if workers == "1":
+        assert seen == want, (seen, len(taken))  # the silent member's ones came to the others, once
+    else:
+        assert set(seen) <= set(want) and len(seen) == len(set(seen)), seen
+    assert srv.proc.poll() is None

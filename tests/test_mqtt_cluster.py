@@ -143,3 +143,78 @@ def test_a_persistent_session_gets_every_message_after_its_member_is_killed(
             finally:
                 first.loop_stop()
                 second.loop_stop()
+
+
+def test_a_shared_subscription_spreads_over_the_members_of_a_cluster_once_each(tmp_path: Path) -> None:
+    """$share/{group}/{filter} with members on every cluster member: each message to exactly one of them, every
+    member of the cluster taking a share; when one cluster member's group members leave, the others take all."""
+    with LocalCluster(tmp_path, 3, mode="Standard", base=63) as cluster:
+        ports = {}
+        for member in cluster.members:
+            ports[member.index] = free_ports(member.host, 1)[0]
+            with member.conf.open("a") as conf:
+                conf.write(f"ListenMqtt = {member.host}:{ports[member.index]}\n")
+        cluster.start_all()
+        got: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
+        lock = threading.Lock()
+        clients = []
+        for index in range(3):
+            for n in range(2):
+                client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"sh-{index}-{n}", protocol=mqtt.MQTTv5)
+
+                def on_message(_c: mqtt.Client, _u: object, message: mqtt.MQTTMessage, index: int = index) -> None:
+                    with lock:
+                        got[index].append(message.payload)
+
+                client.on_message = on_message
+                subscribed = threading.Event()
+                client.on_subscribe = lambda *_, done=subscribed: done.set()
+                client.connect(cluster[index].host, ports[index])
+                client.loop_start()
+                client.subscribe("$share/billing/invoices/+", qos=1)
+                assert subscribed.wait(10)
+                clients.append(client)
+        time.sleep(1.5)  # every worker of every member hears who holds the group
+        pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="sh-pub", protocol=mqtt.MQTTv5)
+        pub.connect(cluster[0].host, ports[0])
+        pub.loop_start()
+
+        def publish(numbers: range) -> list[bytes]:
+            sent = []
+            for n in numbers:
+                info = pub.publish(f"invoices/{n % 7}", f"invoice {n}".encode(), qos=1)
+                info.wait_for_publish(10)
+                sent.append(f"invoice {n}".encode())
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with lock:
+                    if sum(len(v) for v in got.values()) >= len(sent):
+                        break
+                time.sleep(0.05)
+            time.sleep(0.5)  # and no second copy
+            return sent
+
+        try:
+            sent = publish(range(90))
+            with lock:
+                seen = sorted(p for v in got.values() for p in v)
+                shares = {k: len(v) for k, v in got.items()}
+            assert seen == sorted(sent), (len(seen), shares)
+            assert all(shares.values()), shares  # every cluster member took some
+            for client in clients[4:]:  # member 2's group members leave
+                client.disconnect()
+                client.loop_stop()
+            time.sleep(1.5)
+            with lock:
+                for v in got.values():
+                    v.clear()
+            sent = publish(range(90, 150))
+            with lock:
+                seen = sorted(p for v in got.values() for p in v)
+                shares = {k: len(v) for k, v in got.items()}
+            assert seen == sorted(sent), (len(seen), shares)
+            assert shares[2] == 0 and shares[0] and shares[1], shares
+        finally:
+            pub.loop_stop()
+            for client in clients[:4]:
+                client.loop_stop()

@@ -199,12 +199,14 @@ def test_server_packets() -> None:
 def test_topics_and_subjects() -> None:
     assert topic_to_subject("a/b/c") == "/a/b/c" and subject_to_topic("/a/b/c") == "a/b/c"
     assert topic_to_subject("a") == "/~/~a" and topic_to_subject("a//b") == "/~/~a/~/~b"
-    for bad in ("", "a/+", "a/#", "$SYS/x"):
+    for bad in ("", "a/+", "a/#", "$SYS/x", "$SYS"):
         with pytest.raises(TopicError):
             topic_to_subject(bad)
-    for bad in ("a/#/b", "a/b#", "a+/b", "$share/g/a/b", "$other/#", ""):
+    assert topic_to_subject("$app/x") == "/$app/x" and topic_to_subject("$app") == "/~/~$app"  # as Mosquitto
+    for bad in ("a/#/b", "a/b#", "a+/b", "$share/g/a/b", ""):  # (a shared filter has parse_shared)
         with pytest.raises(TopicError):
             parse_filter(bad)
+    assert parse_filter("$other/#").pattern == ("$other", "#")
     exact = parse_filter("a/b")
     assert (exact.subject, exact.pattern, exact.key) == ("/a/b", None, "/a/b")
     wild = parse_filter("a/+/c/#")

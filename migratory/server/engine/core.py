@@ -74,7 +74,7 @@ from migratory.subscriptions import (
     subject_set_len,
     subject_set_remove,
 )
-from migratory.topics import subject_matches
+from migratory.topics import is_sys, subject_matches, subject_to_topic
 from migratory.websocket import OP_BINARY, build_frame
 
 if TYPE_CHECKING:
@@ -452,6 +452,15 @@ class Engine:
         self.access("subscribe", conn, subject=key[1:], conflation_ms=0)
         return Status.OK, ""
 
+    def hold_marker(self, conn: Client, subject: str, held: bool) -> None:
+        """A private marker ``conn`` stands for (an MQTT shared subscription group here, subjects.SHARE_PREFIX):
+        counted in this worker's interest, which its peers hear; never published."""
+        if held:
+            self.index.add(subject, conn, 0)
+        else:
+            self.index.remove(subject, conn)
+        self._interest_changed(subject)
+
     def matching_subjects(self, pattern: tuple[str, ...]) -> list[str]:
         """The subjects with a snapshot here that ``pattern`` matches (what a wildcard subscription gets first)."""
         return [s for s in self.replica.subjects() if subject_matches(pattern, s) and not s.startswith(PRIVATE_PREFIX)]
@@ -486,9 +495,9 @@ class Engine:
             self.deny(origin, "publish", "invalid_subject", reason, message.subject)
             reply(PublishResult(Status.INVALID_SUBJECT, reason, "invalid_subject"))
             return
-        if message.subject.startswith(RESERVED_PREFIX) or message.subject.startswith("/$"):
+        if message.subject.startswith(RESERVED_PREFIX) or _is_sys_subject(message.subject):
             reason = (
-                f"subjects under {RESERVED_PREFIX} and /$ are the server's own (monitoring, MQTT's $SYS); "
+                f"subjects under {RESERVED_PREFIX} and /$SYS are the server's own (monitoring, MQTT's $SYS); "
                 "clients cannot publish there"
             )
             self.deny(origin, "publish", "reserved_subject", reason, message.subject)
@@ -901,3 +910,10 @@ class Engine:
         if not healthy and (self.cluster or self.draining):
             document["reason"] = self.not_ready_reason()
         return document
+
+
+def _is_sys_subject(subject: str) -> bool:
+    """Whether a subject is MQTT's ``$SYS`` (the server's statistics), in its plain or escaped form."""
+    if not (subject.startswith("/$") or subject.startswith("/~/~$")):
+        return False
+    return is_sys(subject_to_topic(subject))

@@ -34,12 +34,15 @@ from migratory.mqttfields import RESERVED, from_fields, published_qos, to_fields
 from migratory.server.engine.core import Engine, Origin, PublishResult
 from migratory.server.engine.types import Client
 from migratory.server.sessions.base import ConnectionBase
+from migratory.server.sessions.mqttshare import ShareGroups
 from migratory.server.sessions.mqttstore import Record, SessionStore
 from migratory.subscriptions import SubjectSet
 from migratory.topics import (
+    SHARE,
     Filter,
     TopicError,
     parse_filter,
+    parse_shared,
     subject_matches,
     subject_to_topic,
     topic_levels,
@@ -297,6 +300,8 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         engine = self.engine
         if self.client_id:
             self._publish_will()
+        if self.options is not None:
+            self._leave_groups()
         engine.unregister(cast(Client, self))
         if engine.inflight or engine.held:
             engine.forget_session(self)
@@ -501,7 +506,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             props = {
                 m.P_MAX_PACKET: self._max_packet(),
                 m.P_ALIAS_MAX: TOPIC_ALIAS_MAXIMUM,
-                m.P_SHARED: 0,
+                m.P_SHARED: 1,
                 m.P_RETAIN_AVAILABLE: 1,
                 m.P_WILDCARDS: 1,
                 m.P_SUB_IDS: 1,
@@ -557,7 +562,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         flow = self.flow
         if flow is None or not flow.since or not flow.expiry:
             return None
-        subs = [(o.filter.text, o.qos, o.sub_id, o.rap) for o in self._all_options().values()]
+        subs = [(o.filter.text, o.qos, o.sub_id, o.rap) for k, o in self._all_options().items() if k[0] != "\x01"]
         sent: list[tuple[int, str, int, int, int]] = []
         qos1 = 0
         for packet_id, (packet, subject, epoch, seq) in flow.inflight.items():
@@ -668,6 +673,12 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         elif isinstance(packet, m.Unsubscribe):
             codes = []
             for topic_filter in packet.filters:
+                if topic_filter.startswith(SHARE):
+                    shared = "\x01" + topic_filter
+                    found = shared in self._all_options()
+                    self._leave_groups(shared)
+                    codes.append(m.Rc.SUCCESS if found else m.Rc.NO_SUBSCRIPTION_EXISTED)
+                    continue
                 try:
                     key = parse_filter(topic_filter).key
                 except TopicError:
@@ -908,14 +919,16 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
         granted_now: list[tuple[_SubOptions, list[str]]] = []
         retained: list[tuple[_SubOptions, list[str]]] = []
         for i, sub in enumerate(packet.subscriptions):
+            decided = decisions[i] if decisions is not None else False
+            if sub.filter.startswith(SHARE):
+                codes.append(self._subscribe_shared(sub, sub_id, decided))
+                continue
             try:
                 filt = parse_filter(sub.filter)
             except TopicError as exc:
                 engine.deny(self.origin(), "subscribe", "invalid_subject", exc.reason, sub.filter)
-                shared = sub.filter.startswith("$share/")
-                codes.append(m.Rc.SHARED_NOT_SUPPORTED if shared and self.level == 5 else m.Rc.TOPIC_FILTER_INVALID)
+                codes.append(m.Rc.TOPIC_FILTER_INVALID)
                 continue
-            decided = decisions[i] if decisions is not None else False
             new = filt.key not in self._all_options()
             if filt.subject is not None:
                 status, _ = engine.subscribe(conn, filt.subject, conflation, decided)
@@ -957,6 +970,58 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 frame = engine.snapshot_frame(subject)
                 if frame is not None:
                     self._deliver(frame, retained_for=options)
+
+    def _subscribe_shared(self, sub: m.Subscription, sub_id: int, decided: Any) -> int:
+        """``$share/{group}/{filter}``: entitled as the filter is, then a member of the group (mqttshare.py); no
+        retained message is sent for it (MQTT 5 4.8.2). Its SUBACK code."""
+        engine = self.engine
+        origin = self.origin()
+        try:
+            filt = parse_shared(sub.filter)
+        except TopicError as exc:
+            engine.deny(origin, "subscribe", "invalid_subject", exc.reason, sub.filter)
+            return m.Rc.TOPIC_FILTER_INVALID
+        if decided is not False:
+            denial = decided
+        elif filt.subject is not None:
+            denial = engine.authorizer.check_subscribe(origin, filt.subject)
+        else:
+            entitled, denial = _entitled(filt, lambda form: engine.authorizer.check_subscribe(origin, form))
+            filt = Filter(filt.text, None, entitled.pattern)
+            filt.key = "\x01" + filt.text
+        if denial:
+            engine.deny(origin, "subscribe", denial[0], denial[1], filt.entitlement_subject())
+            return m.Rc.NOT_AUTHORIZED
+        options = _SubOptions(filt, sub.qos, sub_id, sub.retain_as_published)
+        status = ShareGroups.of(engine).join(self, filt.text, filt, options)
+        if status != p.Status.OK:
+            return m.Rc.QUOTA_EXCEEDED if status == p.Status.LIMIT_EXCEEDED else m.Rc.UNSPECIFIED
+        self._set_options(filt.key, options)
+        engine.access("subscribe", cast(Client, self), subject=filt.text, conflation_ms=0)
+        return sub.qos
+
+    def deliver_shared(self, frame: bytes, options: _SubOptions) -> None:
+        """A message its shared subscription's group gave to this member (mqttshare.py)."""
+        if self.state == _CONNECTED:
+            self._deliver(frame, options)
+
+    def _leave_groups(self, only: str | None = None) -> None:
+        """Out of its shared subscriptions' groups (``only``: one of them); what it had not acknowledged goes to
+        another member."""
+        table = self._all_options()
+        keys = [k for k in table if k[0] == "\x01" and (only is None or k == only)]
+        if not keys:
+            return
+        flow = self.flow
+        unacknowledged: set[tuple[str, int]] = set()
+        if flow is not None:
+            unacknowledged = {(s, q) for packet, s, _, q in flow.inflight.values() if _qos_of(packet) < 3}
+            unacknowledged.update((q[2], q[4]) for q in flow.queue)
+        groups = ShareGroups.of(self.engine)
+        for key in keys:
+            groups.leave(self, key[1:], unacknowledged)
+            if only is not None:
+                self._drop_options(key)
 
     def _subscribe_pattern(self, filt: Filter, decided: Any) -> tuple[p.Status, Filter]:
         engine = self.engine
