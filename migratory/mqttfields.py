@@ -68,25 +68,29 @@ def published_qos(fields: Mapping[str, str], content: bytes, guaranteed: bool) -
     (a native Guaranteed publication is QoS 1 to MQTT subscribers)."""
     if not guaranteed:
         return 0
-    guard = fields.get(GUARD)
-    if guard is None or fields.get(QOS_FIELD) != "2":
+    if fields.get(QOS_FIELD) != "2":
         return 1
+    names = _guarded(fields, content)
+    return 2 if names is not None and QOS_FIELD in names else 1
+
+
+def _guarded(fields: Mapping[str, str], content: bytes) -> tuple[str, ...] | None:
+    """The names a message's guard says are its own: () where the guard names another content; None without
+    a guard (a native publication)."""
+    guard = fields.get(GUARD)
+    if guard is None:
+        return None
     crc, _, listed = guard.partition(":")
-    own = crc.isdigit() and int(crc) == zlib.crc32(content) and QOS_FIELD in listed.split(",")
-    return 2 if own else 1
+    if not crc.isdigit() or int(crc) != zlib.crc32(content):
+        return ()
+    return tuple(listed.split(",")) if listed else ()
 
 
 def from_fields(fields: Mapping[str, str], content: bytes) -> m.Properties:
     """The properties a delivery carries back to an MQTT 5 subscriber (none that belong to another content)."""
-    names: list[str] | tuple[str, ...]
-    guard = fields.get(GUARD)
-    if guard is not None:
-        crc, _, listed = guard.partition(":")
-        if not crc.isdigit() or int(crc) != zlib.crc32(content):
-            return {}
-        names = listed.split(",") if listed else ()
-    else:
-        names = [name for name in _NAMES.values() if name in fields]
+    names = _guarded(fields, content)
+    if names is None:
+        names = tuple(name for name in _NAMES.values() if name in fields)
     props: m.Properties = {}
     for name in names:
         pid = _IDS.get(name)

@@ -975,28 +975,27 @@ def test_no_local_and_the_will_delay(
     doomed.will_set("room/left", b"bye", qos=1, properties=will_props)
     session = Properties(PacketTypes.CONNECT)
     session.SessionExpiryInterval = 10  # outlives the delay (a session that ends sooner publishes it sooner)
-    doomed.connect("127.0.0.1", port, properties=session)
-    doomed.loop_start()
-    time.sleep(0.5)
-    doomed.loop_stop()
-    vanished = time.monotonic()
-    sock = doomed.socket()
-    assert sock is not None
-    sock.close()
+    vanished = _vanish(doomed, port, session)
     message = watched.wait(1, timeout=10)[0]
     assert message.payload == b"bye" and time.monotonic() - vanished >= 1.5
     # the same delay, but a session that ends with its connection: the session's end publishes it, at once
     quick = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="ended-will", protocol=V5)
     quick.will_set("room/left", b"gone", qos=1, properties=will_props)
-    quick.connect("127.0.0.1", port)
-    quick.loop_start()
+    vanished = _vanish(quick, port)
+    assert watched.wait(2, timeout=10)[1].payload == b"gone" and time.monotonic() - vanished < 1.5
+
+
+def _vanish(client: mqtt.Client, port: int, properties: Properties | None = None) -> float:
+    """Connect ``client``, then drop its socket without DISCONNECT (its will is due); when it vanished."""
+    client.connect("127.0.0.1", port, properties=properties)
+    client.loop_start()
     time.sleep(0.5)
-    quick.loop_stop()
+    client.loop_stop()
     vanished = time.monotonic()
-    sock = quick.socket()
+    sock = client.socket()
     assert sock is not None
     sock.close()
-    assert watched.wait(2, timeout=10)[1].payload == b"gone" and time.monotonic() - vanished < 1.5
+    return vanished
 
 
 @pytest.mark.parametrize("version", [V311, V5])

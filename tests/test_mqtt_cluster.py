@@ -64,6 +64,16 @@ class Subscriber:
             return [n for n, _ in self.got]
 
 
+def _mqtt_listeners(cluster: LocalCluster) -> dict[int, int]:
+    """A ListenMqtt for every member, before they start: member index -> its MQTT port."""
+    ports = {}
+    for member in cluster.members:
+        ports[member.index] = free_ports(member.host, 1)[0]
+        with member.conf.open("a") as conf:
+            conf.write(f"ListenMqtt = {member.host}:{ports[member.index]}\n")
+    return ports
+
+
 @pytest.mark.parametrize(
     ("version", "mode", "qos"),
     [
@@ -79,11 +89,7 @@ def test_a_persistent_session_gets_every_message_after_its_member_is_killed(
     base = {(mqtt.MQTTv311, "Guaranteed", 1): 51, (mqtt.MQTTv5, "Guaranteed", 1): 54, (mqtt.MQTTv5, "Standard", 1): 57}
     base = base.get((version, mode, qos), 60)
     with LocalCluster(tmp_path, 3, mode=mode, base=base) as cluster:
-        ports = {}
-        for member in cluster.members:
-            ports[member.index] = free_ports(member.host, 1)[0]
-            with member.conf.open("a") as conf:
-                conf.write(f"ListenMqtt = {member.host}:{ports[member.index]}\n")
+        ports = _mqtt_listeners(cluster)
         cluster.start_all()
         sub = Subscriber(version)
         sub.connect(cluster[0].host, ports[0])
@@ -149,11 +155,7 @@ def test_a_shared_subscription_spreads_over_the_members_of_a_cluster_once_each(t
     """$share/{group}/{filter} with members on every cluster member: each message to exactly one of them, every
     member of the cluster taking a share; when one cluster member's group members leave, the others take all."""
     with LocalCluster(tmp_path, 3, mode="Standard", base=63) as cluster:
-        ports = {}
-        for member in cluster.members:
-            ports[member.index] = free_ports(member.host, 1)[0]
-            with member.conf.open("a") as conf:
-                conf.write(f"ListenMqtt = {member.host}:{ports[member.index]}\n")
+        ports = _mqtt_listeners(cluster)
         cluster.start_all()
         got: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
         lock = threading.Lock()

@@ -851,7 +851,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 # member's death would bring the message back under it as a new one
                 self._send_held(flow, packet_id, rel, released)
                 return
-        elif (packet.kind == m.PUBACK) != (qos == 1) or (packet.kind == m.PUBCOMP) != (qos == 3):
+        elif packet.kind != _ENDS.get(qos):
             raise m.MqttError(m.Rc.PROTOCOL_ERROR, f"{_ACK_NAMES[packet.kind]} for a {_SENT_NAMES[qos]} in flight")
         else:
             del flow.inflight[packet_id]
@@ -873,7 +873,7 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
 
     def _send_inflight(self, flow: _Flow, packet_id: int, packet: bytes, subject: str, epoch: int, seq: int) -> None:
         sent = flow.inflight[packet_id] = (_dup(packet), subject, epoch, seq)
-        if _qos_of(packet) == 2 and flow.expiry and flow.since:
+        if _qos_of(packet) == 2:
             self._send_held(flow, packet_id, packet, sent)  # sent once the record names it (see _Flow.held)
         elif flow.held:
             flow.held.append((packet_id, packet, None))  # in order behind what waits
@@ -1098,12 +1098,14 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
                 packet = cache[4] = m.encode_publish(4, topic, delivery.content)
         else:
             props = cast(bytes, cache[3])
-            if level == 5 and (options.sub_id or remaining or isinstance(self.options, dict)):
-                extra: m.Properties = {m.P_EXPIRY: remaining} if remaining else {}
-                sub_ids = self._subscription_ids(delivery.subject, options) if retained_for is None else []
-                if retained_for is not None and options.sub_id:
-                    sub_ids = [options.sub_id]  # a retained message goes to the subscription that asked
-                props = m.encode_properties({**extra, **cast(m.Properties, cache[5])}, sub_ids)
+            if level == 5:
+                if retained_for is not None or not isinstance(self.options, dict):
+                    sub_ids = [options.sub_id] if options.sub_id else []  # (a retained one: the subscription asking)
+                else:
+                    sub_ids = self._subscription_ids(delivery.subject, self.options)
+                if sub_ids or remaining:  # else the frame's properties, encoded once for every subscriber
+                    extra: m.Properties = {m.P_EXPIRY: remaining} if remaining else {}
+                    props = m.encode_properties({**extra, **cast(m.Properties, cache[5])}, sub_ids)
             packet_id = resent or (self._next_packet_id() if qos else 0)
             dup = bool(resent) or (qos > 0 and delivery.recovered and flow is not None and flow.unsure)
             packet = m.encode_publish(level, topic, delivery.content, qos, retain, dup, packet_id, props)
@@ -1200,12 +1202,9 @@ class MqttConnection(ConnectionBase, asyncio.Protocol):
             if pattern is not None and subject_matches(pattern, subject, levels):
                 yield candidate
 
-    def _subscription_ids(self, subject: str, options: _SubOptions) -> list[int]:
+    def _subscription_ids(self, subject: str, table: dict[str, _SubOptions]) -> list[int]:
         """The subscription identifiers of every subscription of this client matching ``subject`` (MQTT 5
         3.3.4: a message matching several goes once, with all of them)."""
-        table = self.options
-        if not isinstance(table, dict):
-            return [options.sub_id] if options.sub_id else []
         found = [table[subject]] if subject in table else []
         found.extend(self._matching(subject, table))
         return sorted({o.sub_id for o in found if o.sub_id})
@@ -1438,6 +1437,8 @@ def _is_text(raw: bytes) -> bool:
 
 
 _ACK_NAMES = {m.PUBACK: "PUBACK", m.PUBREC: "PUBREC", m.PUBCOMP: "PUBCOMP"}
+_ENDS = {1: m.PUBACK, 3: m.PUBCOMP}
+"""What ends a delivery in flight: a QoS 1 PUBLISH's PUBACK, a PUBREL's PUBCOMP (a QoS 2 PUBLISH is not ended)."""
 _SENT_NAMES = {1: "QoS 1 PUBLISH", 2: "QoS 2 PUBLISH", 3: "PUBREL"}
 
 

@@ -82,7 +82,7 @@ class ShareGroup:
         self.filter = filt
         self.marker = f"{SHARE_PREFIX}{zlib.crc32(key.encode()):08x}/"
         self.members: dict[Member, Options] = {}
-        self.recent: dict[Member, deque[tuple[bytes, str, int]]] = {}
+        self.recent: dict[Member, deque[tuple[bytes, p.Delivery]]] = {}
         self.turn = 0
         # what the engine asks of a subscriber
         self.sid = 0
@@ -168,7 +168,7 @@ class ShareGroup:
             recent = self.recent.get(member)
             if recent is None:
                 recent = self.recent[member] = deque(maxlen=RECENT)
-            recent.append((frame, delivery.subject, delivery.seq))
+            recent.append((frame, delivery))
 
     # --- membership -------------------------------------------------------------------------
 
@@ -183,12 +183,9 @@ class ShareGroup:
         self.members.pop(member, None)
         recent = self.recent.pop(member, None)
         if recent and unacknowledged:
-            for frame, subject, seq in recent:
-                if (subject, seq) in unacknowledged:
-                    payload = frame_payload(frame)
-                    delivery = p.decode_server(payload)
-                    if isinstance(delivery, p.Delivery):
-                        self._give(frame, delivery, member)
+            for frame, delivery in recent:
+                if (delivery.subject, delivery.seq) in unacknowledged:
+                    self._give(frame, delivery, member)
         if self.members:
             return False
         self.engine.hold_marker(self, f"{self.marker}{self._me()}", False)
