@@ -40,7 +40,7 @@ import itertools
 import logging
 import random
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -53,7 +53,16 @@ from migratory import protocol as p
 from migratory.message import MessageType
 from migratory.protocol import Status
 
-__all__ = ["DEFAULT_WEIGHT", "ClientMessage", "EventKind", "MigratoryClient", "PublishError", "StatusEvent"]
+__all__ = [
+    "DEFAULT_WEIGHT",
+    "ClientMessage",
+    "EventKind",
+    "MigratoryClient",
+    "Publication",
+    "PublishError",
+    "PublishResult",
+    "StatusEvent",
+]
 
 log = logging.getLogger("migratory.client")
 
@@ -101,6 +110,53 @@ class ClientMessage:
     retained: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """One message for :meth:`MigratoryClient.publish_all` (the arguments of :meth:`~MigratoryClient.publish`)."""
+
+    subject: str
+    content: bytes | str
+    fields: Mapping[str, str] | None = None
+    retained: bool = True
+    guaranteed: bool = False
+    publish_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """What the server answered one publication of :meth:`MigratoryClient.publish_all`.
+
+    ``index``: its place in the input (results come in the order the server answers);
+    ``publish_id``: the id it was sent with (its own, or the one assigned);
+    ``attempts``: 1, or more when a FAILED one was sent again.
+    """
+
+    index: int
+    publication: Publication
+    publish_id: str
+    status: Status
+    reason: str
+    attempts: int
+
+    @property
+    def ok(self) -> bool:
+        """OK or NO_SUBSCRIBER: the server took it."""
+        return self.status in (Status.OK, Status.NO_SUBSCRIBER)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A publication of :meth:`MigratoryClient.publish_all` between its sending and its result."""
+
+    index: int
+    publication: Publication
+    data: bytes
+    publish_id: str
+    attempts: int = 0
+    deadline: float = 0.0
+    not_before: float = 0.0
+
+
 class PublishError(Exception):
     """Raised by :meth:`MigratoryClient.publish` with ``raise_on_error=True``."""
 
@@ -128,6 +184,20 @@ class _Server:
 class _Pending:
     publishes: dict[str, asyncio.Future[tuple[Status, str]]] = field(default_factory=dict)
     subscribes: dict[str, list[asyncio.Future[tuple[Status, str]]]] = field(default_factory=dict)
+
+
+def _retry_backoff(attempt: int) -> float:
+    """Seconds before a FAILED publication is sent again: exponential, capped at 1 s, with jitter."""
+    return min(1.0, 0.05 * 2.0**attempt) * random.uniform(0.5, 1.0)
+
+
+async def _as_async_iterator(items: Iterable[Publication] | AsyncIterable[Publication]) -> AsyncIterator[Publication]:
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item
 
 
 def _parse_server(item: str | tuple[str, float]) -> _Server:
@@ -331,12 +401,131 @@ class MigratoryClient:
             status, reason = await self._publish_once(subject, data, fields, closure, retained, guaranteed, publish_id)
             if status is not Status.FAILED or attempt == retries or self._closing:
                 break
-            await asyncio.sleep(min(1.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
+            await asyncio.sleep(_retry_backoff(attempt))
             with contextlib.suppress(TimeoutError):
                 await self.wait_connected()
         if status not in (Status.OK, Status.NO_SUBSCRIBER) and raise_on_error:
             raise PublishError(status, reason)
         return status
+
+    async def publish_all(
+        self,
+        publications: Iterable[Publication] | AsyncIterable[Publication],
+        *,
+        window: int = 64,
+        rate: float = 0.0,
+        retries: int = 0,
+    ) -> AsyncIterator[PublishResult]:
+        """Publish with up to ``window`` publications awaiting their status; yield each result.
+
+        What :meth:`publish` does one at a time, pipelined: a new publication is sent as
+        soon as one of the window is answered, so throughput is bounded by the window
+        and not by the round trip. ``rate`` (publications per second, 0: no limit)
+        spaces the sending evenly. Results come in the order the server answers, each
+        with its ``index`` in the input. Publications of one subject are sent in input
+        order and a server keeps that order; a FAILED one sent again (``retries``, same
+        publish id, after a backoff and once reconnected) comes after those sent
+        meanwhile. Leaving the loop early stops sending; what was already sent is not
+        waited for. The publish ids name each publication across attempts, so a
+        cluster numbers it once.
+        """
+        if window < 1:
+            raise ValueError(f"window must be 1 or more, got {window}")
+        if rate < 0:
+            raise ValueError(f"rate must be 0 or more, got {rate}")
+        if retries < 0:
+            raise ValueError(f"retries must be 0 or more, got {retries}")
+        loop = asyncio.get_running_loop()
+        source = _as_async_iterator(publications)
+        inflight: dict[asyncio.Future[tuple[Status, str]], _InFlight] = {}
+        again: list[_InFlight] = []  # FAILED ones waiting for their backoff, oldest first
+        exhausted = False
+        index = 0
+        start = loop.time()
+        try:
+            while True:
+                now = loop.time()
+                while len(inflight) < window:  # fill the window with what is due
+                    if again and again[0].not_before <= now and (self.connected or now >= again[0].deadline):
+                        item = again.pop(0)
+                    elif exhausted or (rate and start + index / rate > now):
+                        break
+                    else:
+                        try:
+                            publication = await anext(source)
+                        except StopAsyncIteration:
+                            exhausted = True
+                            break
+                        content = publication.content
+                        data = content.encode("utf-8") if isinstance(content, str) else content
+                        item = _InFlight(index, publication, data, publication.publish_id or self.new_publish_id())
+                        index += 1
+                    item.attempts += 1
+                    item.deadline = loop.time() + self.request_timeout
+                    inflight[await self._send_publication(item)] = item
+                    now = loop.time()
+                if not inflight and not again and exhausted:
+                    return
+                wake = [item.deadline for item in inflight.values()]
+                if again:
+                    wake.append(again[0].not_before if self.connected else now + 0.05)
+                if rate and not exhausted and len(inflight) < window:
+                    wake.append(start + index / rate)
+                timeout = max(0.0, min(wake) - loop.time()) if wake else None
+                if inflight:
+                    done, _ = await asyncio.wait(inflight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    await asyncio.sleep(timeout or 0.0)
+                    done = set()
+                now = loop.time()
+                for fut in list(inflight):
+                    item = inflight[fut]
+                    if fut in done:
+                        status, reason = fut.result()
+                    elif item.deadline <= now:
+                        status, reason = Status.FAILED, f"no publish status within {self.request_timeout:g} s"
+                    else:
+                        continue
+                    del inflight[fut]
+                    self._pending.publishes.pop(item.publish_id, None)
+                    if status is Status.FAILED and item.attempts <= retries and not self._closing:
+                        item.not_before = now + _retry_backoff(item.attempts - 1)
+                        item.deadline = item.not_before + self.request_timeout  # how long to wait for a connection
+                        again.append(item)
+                        continue
+                    yield PublishResult(item.index, item.publication, item.publish_id, status, reason, item.attempts)
+        finally:
+            for item in inflight.values():
+                self._pending.publishes.pop(item.publish_id, None)
+
+    def _too_large(self, data: bytes) -> str:
+        """Why ``data`` cannot be published (over the server's announced limit), or ""."""
+        if self.max_message_size and len(data) > self.max_message_size:
+            return f"content of {len(data)} bytes exceeds the server's MessageSizeLimit ({self.max_message_size})"
+        return ""
+
+    async def _send_publication(self, item: _InFlight) -> asyncio.Future[tuple[Status, str]]:
+        """Send one publication of :meth:`publish_all`; the future its status arrives in."""
+        fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
+        pub = item.publication
+        if too_large := self._too_large(item.data):
+            fut.set_result((Status.TOO_LARGE, too_large))
+        elif self._ws is None or not self._connected.is_set():
+            fut.set_result((Status.FAILED, "not connected"))
+        else:
+            closure = item.publish_id  # unique while in flight: the key its status comes back under
+            self._pending.publishes[closure] = fut
+            frame = p.encode_publish(pub.subject, item.data, pub.fields, closure, pub.retained, pub.guaranteed, closure)
+            try:
+                await self._send(frame)
+            except (WebSocketException, OSError, ConnectionError) as exc:
+                self._pending.publishes.pop(closure, None)
+                if not fut.done():
+                    fut.set_result((Status.FAILED, f"no publish status: {exc or type(exc).__name__}"))
+        if fut.done() and fut.result()[0] is not Status.OK:
+            status, reason = fut.result()
+            await self._emit(StatusEvent(EventKind.PUBLISH_FAILED, reason, pub.subject, item.publish_id, status))
+        return fut
 
     async def _publish_once(
         self,
@@ -348,8 +537,7 @@ class MigratoryClient:
         guaranteed: bool,
         publish_id: str,
     ) -> tuple[Status, str]:
-        if self.max_message_size and len(data) > self.max_message_size:
-            reason = f"content of {len(data)} bytes exceeds the server's MessageSizeLimit ({self.max_message_size})"
+        if reason := self._too_large(data):
             await self._emit(StatusEvent(EventKind.PUBLISH_FAILED, reason, subject, closure, Status.TOO_LARGE))
             return Status.TOO_LARGE, reason
         if self._ws is None or not self._connected.is_set():

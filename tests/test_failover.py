@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from migratory.bench import failover
 from migratory.bench.cluster import LocalCluster
 from migratory.bench.netns import available
-from migratory.client import EventKind, MigratoryClient, StatusEvent
+from migratory.client import EventKind, MigratoryClient, Publication, StatusEvent
 from migratory.config import Config, ConfigError
 from migratory.message import MessageType
 from migratory.protocol import Status
@@ -115,6 +116,53 @@ def test_a_retried_publish_id_is_numbered_once(tmp_path: Path) -> None:
                 assert [(first.content, first.seq), (second.content, second.seq)] == [(b"x", 1), (b"y", 2)]
 
         run(scenario())
+
+
+def test_a_pipelined_publisher_through_its_members_death_loses_and_doubles_nothing(tmp_path: Path) -> None:
+    """publish_all with a window of 32 on the member that is SIGKILLed mid-stream: the FAILED ones go again,
+    same publish id, through the next member; every acknowledged one reaches the subscriber exactly once."""
+    subjects = [f"/pipe/s{i}" for i in range(40)]
+    total = 3000
+    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
+        cluster.start_all()
+        for index in range(3):
+            cluster.wait_view(index, {0, 1, 2})
+
+        async def scenario() -> None:
+            async with MigratoryClient([cluster[2].ws_url]) as subscriber:
+                assert set((await subscriber.subscribe(subjects)).values()) == {Status.OK}
+                publisher = MigratoryClient([cluster[0].ws_url, cluster[1].ws_url], backoff_initial=0.2)
+                await publisher.connect()
+                while publisher.server != cluster[0].ws_url:  # start on member 0, the one killed
+                    await publisher.close()
+                    publisher = MigratoryClient([cluster[0].ws_url, cluster[1].ws_url], backoff_initial=0.2)
+                    await publisher.connect()
+                loop = asyncio.get_running_loop()
+
+                def items() -> Iterator[Publication]:
+                    for i in range(total):
+                        if i == total // 3:
+                            loop.run_in_executor(None, cluster.kill, 0)
+                        yield Publication(subjects[i % len(subjects)], str(i), guaranteed=True)
+
+                results = [r async for r in publisher.publish_all(items(), window=32, rate=1000, retries=10)]
+                await publisher.close()
+                acked = {int(r.publication.content) for r in results if r.ok}
+                assert len(results) == total
+                assert any(r.attempts > 1 for r in results)  # the kill did cut publications in flight
+                assert len(acked) >= total - 5, sorted(set(range(total)) - acked)[:20]
+                got: list[int] = []
+                seen: dict[str, int] = {}
+                deadline = loop.time() + 60
+                while not acked <= set(got) and loop.time() < deadline:
+                    message = await subscriber.next_message(30)
+                    assert message.seq > seen.get(message.subject, 0)
+                    seen[message.subject] = message.seq
+                    got.append(int(message.content))
+                assert acked <= set(got), sorted(acked - set(got))[:20]
+                assert len(got) == len(set(got)), "a publication delivered twice"
+
+        run(scenario(), 300)
 
 
 def test_without_a_seed_majority_guaranteed_publishes_fail_cleanly(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ def test_node_test_runner_codec_and_live(server_factory: Callable[..., ServerPro
     env = dict(os.environ, MIGRATORY_WS_URL=plain.ws_url, MIGRATORY_BASIC_URL=basic.ws_url)
     result = node("--test", "test/", env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "# fail 0" in result.stdout and "# pass 9" in result.stdout, result.stdout[-2000:]
+    assert "# fail 0" in result.stdout and "# pass 10" in result.stdout, result.stdout[-2000:]
 
 
 def test_the_same_scenario_gives_the_same_messages_in_python_and_javascript(
@@ -103,7 +103,7 @@ def test_npm_test_runs_on_its_own_starting_its_servers() -> None:
     env["MIGRATORY_BIN"] = str(Path(sys.executable).with_name("migratory"))
     result = node("--test", "test/", env=env, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "# fail 0" in result.stdout and "# pass 9" in result.stdout and "# skipped 0" in result.stdout
+    assert "# fail 0" in result.stdout and "# pass 10" in result.stdout and "# skipped 0" in result.stdout
 
 
 @pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed")

@@ -15,6 +15,7 @@ from migratory_cli import (
     config_cmds,
     drain_cmd,
     logs_cmd,
+    publish_file_cmd,
     serve_cmd,
     status_cmd,
 )
@@ -61,6 +62,7 @@ app.add_typer(cert_cmd.app, name="cert")
 app.add_typer(logs_cmd.app, name="logs")
 app.add_typer(cluster_cmd.app, name="cluster")
 client_cmds.register(app)
+publish_file_cmd.register(app)
 
 
 def main() -> None:

@@ -85,6 +85,33 @@ export interface PublishOptions {
   retries?: number;
 }
 
+export interface Publication extends PublishOptions {
+  subject: string;
+  content: string | Uint8Array | ArrayBuffer;
+}
+
+export interface PublishResult {
+  /** The publication's place in the input (results come in the order the server answers). */
+  index: number;
+  publication: Publication;
+  publishId: string;
+  status: StatusCode;
+  reason: string;
+  /** 1, or more when a FAILED one was sent again. */
+  attempts: number;
+  /** OK or NO_SUBSCRIBER. */
+  ok: boolean;
+}
+
+export interface PublishAllOptions {
+  /** Publications awaiting their status at once (default 64). */
+  window?: number;
+  /** Publications a second at most (default 0: as fast as the window allows). */
+  rate?: number;
+  /** Times a FAILED one is sent again, same publish id (default 0). */
+  retries?: number;
+}
+
 export declare class DecodeError extends Error {}
 
 export declare class MigratoryClient {
@@ -103,6 +130,11 @@ export declare class MigratoryClient {
   subscribe(subjects: string[], options?: { conflationMs?: number }): Promise<Record<string, StatusCode>>;
   unsubscribe(subjects: string[]): void;
   publish(subject: string, content: string | Uint8Array | ArrayBuffer, options?: PublishOptions): Promise<StatusCode>;
+  /** Pipelined publishing: one result per publication, in the order the server answers. */
+  publishAll(
+    publications: Iterable<Publication> | AsyncIterable<Publication>,
+    options?: PublishAllOptions,
+  ): AsyncGenerator<PublishResult, void, undefined>;
   newPublishId(): string;
   /** The next message, when no onMessage listener is set. */
   nextMessage(timeout?: number): Promise<Message>;

@@ -542,17 +542,70 @@ export class MigratoryClient {
   }
 
   async publish(subject, content, options = {}) {
+    return (await this.publishRetrying(subject, content, options)).status;
+  }
+
+  // {status, reason, attempts, publishId}: publishOnce, sent again (same publish id) while FAILED and retries remain.
+  async publishRetrying(subject, content, options = {}) {
     const publishId = options.publishId ?? this.newPublishId();
     const closure = options.closure ?? publishId;
     const retries = options.retries ?? 0;
     let answer;
+    let attempts = 0;
     for (let attempt = 0; attempt <= retries; attempt++) {
+      attempts += 1;
       answer = await this.publishOnce(subject, content, { ...options, publishId, closure });
       if (answer.status !== Status.FAILED || attempt === retries || this.closing) break;
       await sleep(Math.min(1000, 50 * 2 ** attempt) * (0.5 + Math.random() / 2));
       await this.waitConnected().catch(() => {});
     }
-    return answer.status;
+    return { ...answer, attempts, publishId };
+  }
+
+  // Pipelined publishing: up to `window` publications awaiting their status at once, `rate` a second at most (0: no
+  // limit). Yields one result per publication, {index, publication, publishId, status, reason, attempts, ok}, in
+  // the order the server answers; publications of a subject are sent in input order. `publications` is any
+  // iterable or async iterable of {subject, content, fields?, retained?, guaranteed?, publishId?}.
+  async *publishAll(publications, { window = 64, rate = 0, retries = 0 } = {}) {
+    if (!(window >= 1)) throw new RangeError(`window must be 1 or more, got ${window}`);
+    if (!(rate >= 0)) throw new RangeError(`rate must be 0 or more, got ${rate}`);
+    const finished = [];
+    let wake = null;
+    let inflight = 0;
+    let index = 0;
+    const start = Date.now();
+    const settled = () => new Promise((resolve) => { wake = resolve; });
+    const send = (publication, at) => {
+      inflight += 1;
+      const { subject, content, ...options } = publication;
+      this.publishRetrying(subject, content, { ...options, retries }).then((answer) => {
+        inflight -= 1;
+        const ok = answer.status === Status.OK || answer.status === Status.NO_SUBSCRIBER;
+        finished.push({ index: at, publication, publishId: answer.publishId, status: answer.status,
+          reason: answer.reason ?? "", attempts: answer.attempts, ok });
+        if (wake) wake();
+      });
+    };
+    for await (const publication of publications) {
+      while (finished.length) yield finished.shift();
+      while (inflight >= window) {
+        await settled();
+        while (finished.length) yield finished.shift();
+      }
+      const due = rate ? start + (index * 1000) / rate - Date.now() : 0;
+      if (due > 0) {
+        await Promise.race([sleep(due), settled()]);
+        while (finished.length) yield finished.shift();
+        const left = start + (index * 1000) / rate - Date.now();
+        if (left > 0) await sleep(left);
+      }
+      send(publication, index);
+      index += 1;
+    }
+    while (inflight || finished.length) {
+      if (!finished.length) await settled();
+      while (finished.length) yield finished.shift();
+    }
   }
 
   async publishOnce(subject, content, options) {

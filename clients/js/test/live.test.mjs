@@ -94,6 +94,49 @@ live("an unreachable server is reported down and the client tries again", async 
   assert.ok(events.filter((e) => e.kind === EventKind.NOTIFY_SERVER_DOWN).length >= 2);
 });
 
+live("publishAll: a window of publications, each with its status, all delivered in order per subject", async () => {
+  const subjects = Array.from({ length: 10 }, (_, i) => `/js/window/s${i}`);
+  const client = open([URL]);
+  await client.connect();
+  await client.subscribe(subjects);
+  const publisher = open([URL]);
+  await publisher.connect();
+  const total = 500;
+  let outstanding = 0;
+  let most = 0;
+  async function* items() {  // an async source, counting what awaits its status when the next one is asked for
+    for (let i = 0; i < total; i++) {
+      most = Math.max(most, outstanding);
+      outstanding += 1;
+      yield { subject: subjects[i % subjects.length], content: String(i), fields: { n: String(i) } };
+    }
+  }
+  const results = [];
+  for await (const result of publisher.publishAll(items(), { window: 8 })) {
+    outstanding -= 1;
+    results.push(result);
+  }
+  assert.equal(results.length, total);
+  assert.deepEqual(results.map((r) => r.index).sort((a, b) => a - b), Array.from({ length: total }, (_, i) => i));
+  assert.ok(results.every((r) => r.status === Status.OK && r.ok && r.attempts === 1));
+  assert.equal(new Set(results.map((r) => r.publishId)).size, total);
+  assert.ok(most <= 8 && most >= 2, `at most 8 in flight, and more than one: ${most}`);
+  const got = new Map();
+  for (let i = 0; i < total; i++) {
+    const m = await client.nextMessage(5000);
+    got.set(m.subject, [...(got.get(m.subject) ?? []), Number(m.text)]);
+  }
+  for (const [subject, numbers] of got) assert.deepEqual(numbers, [...numbers].sort((a, b) => a - b), subject);
+  // a bad one gets its own status among good ones; the rate spaces the sending
+  const started = Date.now();
+  const mixed = [];
+  const batch = [{ subject: "/js/window/s0", content: "a" }, { subject: "bad subject", content: "b" }];
+  for await (const r of publisher.publishAll([...batch, ...batch, ...batch, ...batch, ...batch], { window: 4, rate: 50 })) mixed.push(r);
+  assert.ok(Date.now() - started >= 150, "10 publications at 50/s take about 0.2 s");
+  assert.deepEqual(mixed.sort((a, b) => a.index - b.index).map((r) => r.status), Array.from({ length: 10 }, (_, i) => (i % 2 ? Status.INVALID_SUBJECT : Status.OK)));
+  await assert.rejects(async () => { for await (const _ of publisher.publishAll([], { window: 0 })); }, RangeError);
+});
+
 live("HTTP streaming carries the same session (forced), across the workers of the node", async () => {
   const events = [];
   const client = open([URL], { transport: "http-stream", onStatus: (e) => events.push(e) });
