@@ -36,6 +36,10 @@ COUNTERS = {
         "Messages dropped for slow consumers (SlowConsumerPolicy = Drop).",
     ),
     "messages_recovered": ("migratory_messages_recovered", "Missed messages resent to clients after a failover."),
+    "recoveries_shared": (
+        "migratory_recoveries_shared",
+        "Subscriptions whose snapshot or recovery was built once for several clients in one loop turn.",
+    ),
     "resyncs": ("migratory_resyncs", "Subscriptions resynchronised with the snapshot."),
     "timer_errors": ("migratory_housekeeping_errors", "Failures of a housekeeping duty (logged, retried)."),
 }

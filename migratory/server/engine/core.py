@@ -30,7 +30,7 @@ import random
 import secrets
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from migratory.bus import (
@@ -183,6 +183,8 @@ class Engine:
         # a restarted worker keeps its index but must not reuse its predecessor's session ids
         self._session_prefix = f"{epoch}-{worker}." + str(incarnation) if incarnation else f"{epoch}-{worker}"
         self._snapshot_frames: dict[str, tuple[int, bytes]] = {}
+        # initial_frames of this loop turn: (subject, position asked, replica's position) -> (frames, recovered)
+        self._initial: dict[tuple[str, tuple[int, int] | None, tuple[int, int]], tuple[tuple[bytes, ...], int]] = {}
         self._tick: asyncio.TimerHandle | None = None
         self._timer_error_logged: dict[str, float] = {}
         self._closed = False
@@ -787,15 +789,35 @@ class Engine:
         """The subject's history was replaced: its subscribers get the snapshot, flagged as a resync."""
         self.fanout.resync(subject)
 
-    def initial_frames(self, conn_version: int, subject: str, position: tuple[int, int] | None) -> list[bytes]:
-        """What a new subscription gets first: the snapshot, or (version 2, with a position) recovery."""
+    def initial_frames(self, conn_version: int, subject: str, position: tuple[int, int] | None) -> Sequence[bytes]:
+        """What a new subscription gets first: the snapshot, or (version 2, with a position) recovery.
+
+        Built once per loop turn for every client asking the same subject from the same
+        position (the reconnect storm after a member's death: thousands of clients of one
+        subject at once), and shared: the frames are immutable bytes.
+        """
+        key = (subject, position, self.replica.position(subject))
+        built = self._initial.get(key)
+        if built is None:
+            built = self._build_initial(subject, position)
+            if not self._initial:
+                self.loop.call_soon(self._initial.clear)  # the replica moves on between turns
+            self._initial[key] = built
+        else:
+            self.stats.recoveries_shared += 1
+        frames, recovered = built
+        self.stats.messages_recovered += recovered
+        return frames
+
+    def _build_initial(self, subject: str, position: tuple[int, int] | None) -> tuple[tuple[bytes, ...], int]:
+        """The frames of :meth:`initial_frames` and how many of them are recovered messages."""
         snapshot = self.snapshot_frame(subject)
         if position is None:
-            return [snapshot] if snapshot is not None else []
+            return ((snapshot,) if snapshot is not None else ()), 0
         recovery = self.replica.recover(subject, *position)
         if recovery.kind is RecoveryKind.RESYNC:
-            frames = [build_frame(OP_BINARY, encode_notify(NotifyCode.DATA_RESYNC, subject))]
-            return frames + ([snapshot] if snapshot is not None and recovery.snapshot is not None else [])
+            resync = build_frame(OP_BINARY, encode_notify(NotifyCode.DATA_RESYNC, subject))
+            return ((resync, snapshot) if snapshot is not None and recovery.snapshot is not None else (resync,)), 0
         frames = [
             build_frame(
                 OP_BINARY,
@@ -812,9 +834,8 @@ class Engine:
             )
             for e in recovery.entries
         ]
-        self.stats.messages_recovered += len(frames)
         frames.append(build_frame(OP_BINARY, encode_notify(NotifyCode.DATA_SYNC, subject)))
-        return frames
+        return tuple(frames), len(recovery.entries)
 
     # --- logs -----------------------------------------------------------------------
 

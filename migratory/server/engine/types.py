@@ -60,6 +60,7 @@ class Stats:
     messages_dropped: int = 0
     denied: int = 0
     messages_recovered: int = 0
+    recoveries_shared: int = 0
     resyncs: int = 0
     timer_errors: int = 0
     subscriptions: int = 0

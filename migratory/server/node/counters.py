@@ -46,6 +46,7 @@ COUNTERS = (
     "subjects",
     "snapshots",
     "messages_recovered",
+    "recoveries_shared",
     "resyncs",
     "timer_errors",
 )
