@@ -116,3 +116,30 @@ def test_the_python_client_waits_what_the_server_asked_then_connects(
     lines = (json.loads(line) for line in (srv.log_folder / "access.log").read_text().splitlines())
     denied = [e for e in lines if e.get("event") == "denied" and e.get("reason_code") == "admission"]
     assert len(denied) <= len(waits) + 3, len(denied)  # a few tries at most, not a loop of them
+
+
+def test_the_bench_loader_waits_what_the_server_asked_and_connects_every_client(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    """The load generator of `migratory bench run` comes back after Retry-After, as the Python client does, so a
+    measured storm with AdmissionRate set connects everyone (none counted as an error), spread over seconds."""
+    from migratory.bench import loader
+
+    srv = server_factory({"AdmissionRate": "10", "Workers": "1"})
+    spec = loader.LoaderSpec("migratory", "127.0.0.1", srv.port, "127.0.0.1", [["/adm/s"]] * 40, concurrency=40)
+
+    async def scenario() -> tuple[list[object], loader._State, float]:
+        state = loader._State()
+        slots = asyncio.Semaphore(spec.concurrency)
+        start = time.monotonic()
+        opened = await asyncio.gather(*(loader._connect(spec, s, state, "127.0.0.1", slots) for s in spec.subjects))
+        took = time.monotonic() - start
+        for transport in opened:
+            if transport is not None:
+                transport.abort()
+        return list(opened), state, took
+
+    opened, state, took = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert all(t is not None for t in opened), state.reasons
+    assert state.errors == 0 and state.refused >= 20, (state.errors, state.refused)
+    assert took >= 2.0  # 40 at 10 a second (a second's worth at once): admitted over about 3 s, not at once

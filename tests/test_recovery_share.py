@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+from migratory import bus as b
 from migratory import protocol as p
 from migratory.config import Config
 from migratory.server.engine.core import Engine
-from migratory import bus as b
 
 
 def _decoded(frames: object) -> list[tuple[str, object]]:

@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 from typing import TypeVar, cast
 
 from migratory.bench.leantls import open_lean
-from migratory.bench.wire import Codec, StreamCodec, base_target, codec_for
+from migratory.bench.wire import Codec, StreamCodec, base_target, codec_for, retry_after
 
 __all__ = [
     "BUCKETS",
@@ -142,6 +142,7 @@ class _State:
 
 
 REFUSED_RETRIES = 5  # a 503 to an upgrade is tried again, after 0.5-1.5 s, this many times
+ADMISSION_PATIENCE = 300.0  # s a client told Retry-After keeps coming back before it counts as an error
 
 
 class _Client(asyncio.Protocol):
@@ -230,35 +231,49 @@ async def connect_from(sock: socket.socket, source: str, endpoint: tuple[str, in
     await asyncio.get_running_loop().sock_connect(sock, endpoint)
 
 
-async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State, source: str) -> asyncio.Transport | None:
+async def _connect(
+    spec: LoaderSpec, subjects: Sequence[str], state: _State, source: str, slots: asyncio.Semaphore
+) -> asyncio.Transport | None:
     """One client connected and subscribed, or None (counted, with its reason). A member that answers the
     upgrade 503 (not ready: a worker that did not run for seconds waits for its agent's word) is tried
-    again after a jittered pause, as the client libraries do; the retries are counted apart."""
-    for attempt in range(REFUSED_RETRIES + 1):
+    again after a jittered pause, as the client libraries do; one that says Retry-After (its admission,
+    docs/operations.md) is tried again after that wait plus up to a second of jitter, as the Python
+    client does, for up to ADMISSION_PATIENCE. The retries are counted apart; a client waiting gives
+    its slot of ``slots`` (the connecting concurrency) to the next."""
+    refusals = 0
+    patience = time.monotonic() + ADMISSION_PATIENCE
+    while True:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         transport: asyncio.Transport | None = None
         try:
-            await connect_from(sock, source, (spec.host, spec.port))
-            codec = codec_for(spec.target)
-            transport, client = await open_client(
-                sock,
-                spec.target,
-                spec.host,
-                spec.ca,
-                functools.partial(_Client, state, codec, len(subjects)),
-                spec.lean_tls,
-            )
-            transport.write(codec.hello(spec.host, subjects))
-            if isinstance(codec, StreamCodec):
-                await asyncio.wait_for(client.opened, 60)
-                await asyncio.wait_for(_post(spec, *codec.posts(spec.host, subjects)), 60)
-            await asyncio.wait_for(client.ready, 60)
+            async with slots:
+                await connect_from(sock, source, (spec.host, spec.port))
+                codec = codec_for(spec.target)
+                transport, client = await open_client(
+                    sock,
+                    spec.target,
+                    spec.host,
+                    spec.ca,
+                    functools.partial(_Client, state, codec, len(subjects)),
+                    spec.lean_tls,
+                )
+                transport.write(codec.hello(spec.host, subjects))
+                if isinstance(codec, StreamCodec):
+                    await asyncio.wait_for(client.opened, 60)
+                    await asyncio.wait_for(_post(spec, *codec.posts(spec.host, subjects)), 60)
+                await asyncio.wait_for(client.ready, 60)
             return transport
         except (OSError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
             if transport is not None:
                 transport.abort()  # the event loop's transport owns the socket once made
             sock.close()
-            if attempt < REFUSED_RETRIES and " 503 " in str(exc):
+            wait = retry_after(exc)
+            if wait is not None and time.monotonic() + wait < patience:
+                state.refused += 1
+                await asyncio.sleep(wait + random.random())
+                continue
+            if refusals < REFUSED_RETRIES and " 503 " in str(exc):
+                refusals += 1
                 state.refused += 1
                 await asyncio.sleep(0.5 + random.random())
                 continue
@@ -266,7 +281,6 @@ async def _connect(spec: LoaderSpec, subjects: Sequence[str], state: _State, sou
             reason = f"{type(exc).__name__}: {exc}"[:100]
             state.reasons[reason] = state.reasons.get(reason, 0) + 1
             return None
-    return None
 
 
 async def _run(spec: LoaderSpec, pipe: Connection) -> None:
@@ -277,8 +291,7 @@ async def _run(spec: LoaderSpec, pipe: Connection) -> None:
     pool = spec.sources or (spec.source,)
 
     async def one(index: int, subjects: Sequence[str]) -> asyncio.Transport | None:
-        async with semaphore:
-            return await _connect(spec, subjects, state, pool[index % len(pool)])
+        return await _connect(spec, subjects, state, pool[index % len(pool)], semaphore)
 
     opened = await asyncio.gather(*(one(i, s) for i, s in enumerate(spec.subjects)))
     transports = [t for t in opened if t is not None]

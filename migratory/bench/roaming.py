@@ -38,7 +38,7 @@ from migratory.bench.loader import (
     connect_from,
     open_client,
 )
-from migratory.bench.wire import MigratoryCodec, _mask
+from migratory.bench.wire import MigratoryCodec, _mask, retry_after
 
 __all__ = ["RoamingCodec", "roamer_main"]
 
@@ -310,6 +310,11 @@ async def _client(
             async with semaphore:
                 client = await asyncio.wait_for(_open(spec, endpoints[at], source, subjects, codec), 60)
         except Exception as exc:  # whatever failed: the client tries again, or reports it if it never connected
+            wait = retry_after(exc)
+            if wait is not None:  # the member's admission said when (docs/operations.md): that, plus jitter
+                state.refused += 1
+                await asyncio.sleep(wait + random.random())
+                continue
             if not first.done() and refusals < REFUSED_RETRIES and " 503 " in str(exc):
                 refusals += 1  # a worker waiting for its agent's word: clients try again, as the loader's do
                 state.refused += 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import struct
 from collections.abc import Sequence
 
@@ -115,6 +116,16 @@ def _read_native(codec: Codec, message: bytes, out: list[bytes]) -> bool:
     return False
 
 
+_RETRY_AFTER = re.compile(rb"\r\nretry-after:[ \t]*(\d{1,6})[ \t]*(?=\r\n|$)", re.IGNORECASE)
+_TOLD = re.compile(r"\(Retry-After: (\d+)\)")
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds a refused upgrade said to wait (503 with Retry-After: a server's admission, docs/operations.md)."""
+    told = _TOLD.search(str(exc))
+    return float(told.group(1)) if told else None
+
+
 class _Http(Codec):
     """A codec whose server answers first with an HTTP response head."""
 
@@ -149,7 +160,9 @@ class _WebSocket(_Http):
 
     def check_head(self, buf: bytes, end: int) -> None:
         if not buf.startswith(b"HTTP/1.1 101"):
-            raise ConnectionError(f"upgrade refused: {buf[:40]!r}")
+            wait = _RETRY_AFTER.search(buf[:end])
+            told = f" (Retry-After: {int(wait.group(1))})" if wait else ""
+            raise ConnectionError(f"upgrade refused: {buf[:40]!r}{told}")
 
     def frames(self, data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
         buf = self.past_head(data)
