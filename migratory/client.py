@@ -398,7 +398,13 @@ class MigratoryClient:
         publish_id = publish_id or self.new_publish_id()
         closure = closure if closure is not None else publish_id
         for attempt in range(retries + 1):
-            status, reason = await self._publish_once(subject, data, fields, closure, retained, guaranteed, publish_id)
+            fut = await self._start_publish(subject, data, fields, closure, retained, guaranteed, publish_id)
+            try:
+                status, reason = await asyncio.wait_for(fut, self.request_timeout)
+            except TimeoutError as exc:
+                status, reason = Status.FAILED, f"no publish status: {exc or type(exc).__name__}"
+            finally:
+                self._pending.publishes.pop(closure, None)
             if status is not Status.FAILED or attempt == retries or self._closing:
                 break
             await asyncio.sleep(_retry_backoff(attempt))
@@ -462,7 +468,11 @@ class MigratoryClient:
                         index += 1
                     item.attempts += 1
                     item.deadline = loop.time() + self.request_timeout
-                    inflight[await self._send_publication(item)] = item
+                    pub, closure = item.publication, item.publish_id  # unique while in flight: its status's key
+                    fut = await self._start_publish(
+                        pub.subject, item.data, pub.fields, closure, pub.retained, pub.guaranteed, closure
+                    )
+                    inflight[fut] = item
                     now = loop.time()
                 if not inflight and not again and exhausted:
                     return
@@ -504,30 +514,7 @@ class MigratoryClient:
             return f"content of {len(data)} bytes exceeds the server's MessageSizeLimit ({self.max_message_size})"
         return ""
 
-    async def _send_publication(self, item: _InFlight) -> asyncio.Future[tuple[Status, str]]:
-        """Send one publication of :meth:`publish_all`; the future its status arrives in."""
-        fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
-        pub = item.publication
-        if too_large := self._too_large(item.data):
-            fut.set_result((Status.TOO_LARGE, too_large))
-        elif self._ws is None or not self._connected.is_set():
-            fut.set_result((Status.FAILED, "not connected"))
-        else:
-            closure = item.publish_id  # unique while in flight: the key its status comes back under
-            self._pending.publishes[closure] = fut
-            frame = p.encode_publish(pub.subject, item.data, pub.fields, closure, pub.retained, pub.guaranteed, closure)
-            try:
-                await self._send(frame)
-            except (WebSocketException, OSError, ConnectionError) as exc:
-                self._pending.publishes.pop(closure, None)
-                if not fut.done():
-                    fut.set_result((Status.FAILED, f"no publish status: {exc or type(exc).__name__}"))
-        if fut.done() and fut.result()[0] is not Status.OK:
-            status, reason = fut.result()
-            await self._emit(StatusEvent(EventKind.PUBLISH_FAILED, reason, pub.subject, item.publish_id, status))
-        return fut
-
-    async def _publish_once(
+    async def _start_publish(
         self,
         subject: str,
         data: bytes,
@@ -536,22 +523,28 @@ class MigratoryClient:
         retained: bool,
         guaranteed: bool,
         publish_id: str,
-    ) -> tuple[Status, str]:
+    ) -> asyncio.Future[tuple[Status, str]]:
+        """Send one publication; the future its status arrives in (already done when it could not be sent).
+
+        The future waits under ``closure`` in the pending publications; the caller removes it once done.
+        """
+        fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
         if reason := self._too_large(data):
             await self._emit(StatusEvent(EventKind.PUBLISH_FAILED, reason, subject, closure, Status.TOO_LARGE))
-            return Status.TOO_LARGE, reason
+            fut.set_result((Status.TOO_LARGE, reason))
+            return fut
         if self._ws is None or not self._connected.is_set():
             await self._emit(StatusEvent(EventKind.PUBLISH_FAILED, "not connected", subject, closure, Status.FAILED))
-            return Status.FAILED, "not connected"
-        fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
+            fut.set_result((Status.FAILED, "not connected"))
+            return fut
         self._pending.publishes[closure] = fut
         try:
             await self._send(p.encode_publish(subject, data, fields, closure, retained, guaranteed, publish_id))
-            return await asyncio.wait_for(fut, self.request_timeout)
-        except (TimeoutError, WebSocketException, OSError, ConnectionError) as exc:
-            return Status.FAILED, f"no publish status: {exc or type(exc).__name__}"
-        finally:
+        except (WebSocketException, OSError, ConnectionError) as exc:
             self._pending.publishes.pop(closure, None)
+            if not fut.done():
+                fut.set_result((Status.FAILED, f"no publish status: {exc or type(exc).__name__}"))
+        return fut
 
     async def messages(self) -> Any:
         """Async iterator over delivered messages (when no ``on_message`` listener is set)."""

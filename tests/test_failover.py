@@ -7,11 +7,13 @@ Each fault of migratory/bench/failover.py runs here a few times on 3 members and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +32,26 @@ ROUNDS = int(os.environ.get("MIGRATORY_FAULT_ROUNDS", "2"))
 
 def run(coro: object, timeout: float = 240) -> object:
     return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _guaranteed_three(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A 3-member Guaranteed cluster, every member seeing the other two."""
+    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
+        cluster.start_all()
+        for index in range(3):
+            cluster.wait_view(index, {0, 1, 2})
+        yield cluster
+
+
+async def _connected_to(servers: list[str], **options: Any) -> MigratoryClient:
+    """A client of the list ``servers`` that drew the first of them (drawn again until it does)."""
+    while True:
+        client = MigratoryClient(servers, **options)
+        await client.connect()
+        if client.server == servers[0]:
+            return client
+        await client.close()
 
 
 def test_guaranteed_needs_three_members_and_valid_seeds() -> None:
@@ -53,23 +75,13 @@ def test_guaranteed_needs_three_members_and_valid_seeds() -> None:
 
 def test_a_subscriber_cut_off_gets_exactly_the_missed_messages(tmp_path: Path) -> None:
     """The issue's example: cut off while m2 and m3 are published, it gets m2 and m3, then m4 live."""
-    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
-        cluster.start_all()
-        for index in range(3):
-            cluster.wait_view(index, {0, 1, 2})
+    with _guaranteed_three(tmp_path) as cluster:
 
         async def scenario() -> None:
             events: list[StatusEvent] = []
-            subscriber = MigratoryClient(
-                [cluster[2].ws_url, cluster[1].ws_url], on_status=events.append, backoff_initial=1.5
-            )
-            await subscriber.connect()
-            while subscriber.server != cluster[2].ws_url:  # start on member 3, the one we cut
-                await subscriber.close()
-                subscriber = MigratoryClient(
-                    [cluster[2].ws_url, cluster[1].ws_url], on_status=events.append, backoff_initial=1.5
-                )
-                await subscriber.connect()
+            # start on member 3, the one we cut
+            servers = [cluster[2].ws_url, cluster[1].ws_url]
+            subscriber = await _connected_to(servers, on_status=events.append, backoff_initial=1.5)
             await subscriber.subscribe(["/Stocks/IBM"])
             async with MigratoryClient([cluster[0].ws_url]) as publisher:
                 assert await publisher.publish("/Stocks/IBM", b"m1", guaranteed=True) is Status.OK
@@ -98,10 +110,7 @@ def test_a_subscriber_cut_off_gets_exactly_the_missed_messages(tmp_path: Path) -
 
 
 def test_a_retried_publish_id_is_numbered_once(tmp_path: Path) -> None:
-    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
-        cluster.start_all()
-        for index in range(3):
-            cluster.wait_view(index, {0, 1, 2})
+    with _guaranteed_three(tmp_path) as cluster:
 
         async def scenario() -> None:
             async with MigratoryClient([cluster[1].ws_url]) as subscriber:
@@ -123,20 +132,13 @@ def test_a_pipelined_publisher_through_its_members_death_loses_and_doubles_nothi
     same publish id, through the next member; every acknowledged one reaches the subscriber exactly once."""
     subjects = [f"/pipe/s{i}" for i in range(40)]
     total = 3000
-    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
-        cluster.start_all()
-        for index in range(3):
-            cluster.wait_view(index, {0, 1, 2})
+    with _guaranteed_three(tmp_path) as cluster:
 
         async def scenario() -> None:
             async with MigratoryClient([cluster[2].ws_url]) as subscriber:
                 assert set((await subscriber.subscribe(subjects)).values()) == {Status.OK}
-                publisher = MigratoryClient([cluster[0].ws_url, cluster[1].ws_url], backoff_initial=0.2)
-                await publisher.connect()
-                while publisher.server != cluster[0].ws_url:  # start on member 0, the one killed
-                    await publisher.close()
-                    publisher = MigratoryClient([cluster[0].ws_url, cluster[1].ws_url], backoff_initial=0.2)
-                    await publisher.connect()
+                # start on member 0, the one killed
+                publisher = await _connected_to([cluster[0].ws_url, cluster[1].ws_url], backoff_initial=0.2)
                 loop = asyncio.get_running_loop()
 
                 def items() -> Iterator[Publication]:
@@ -166,10 +168,7 @@ def test_a_pipelined_publisher_through_its_members_death_loses_and_doubles_nothi
 
 
 def test_without_a_seed_majority_guaranteed_publishes_fail_cleanly(tmp_path: Path) -> None:
-    with LocalCluster(tmp_path, 3, mode="Guaranteed") as cluster:
-        cluster.start_all()
-        for index in range(3):
-            cluster.wait_view(index, {0, 1, 2})
+    with _guaranteed_three(tmp_path) as cluster:
 
         async def scenario() -> None:
             async with MigratoryClient([cluster[0].ws_url]) as publisher:
